@@ -1,0 +1,108 @@
+"""`datagen`: the command line. Each command is a few lines that call the library."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.config import ConfigError, load_config
+from flows.console import console, print_status
+from flows.runner import configure, demo_config, execute, reset_run_dir
+from flows.session import ConfigProblem
+from flows.status import run_status
+from flows.store import FingerprintMismatch
+
+app = typer.Typer(
+    help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO (default: warnings only).")]
+NoPrefect = Annotated[
+    bool, typer.Option("--no-prefect", help="Run the same pipeline without Prefect (no UI, no API server).")
+]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def _run(coro_factory: object) -> object:
+    """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
+    from flows.pump import RunAborted
+
+    try:
+        return asyncio.run(coro_factory())  # type: ignore[operator]
+    except (ConfigError, ConfigProblem, FingerprintMismatch) as error:
+        _fail(str(error))
+    except RunAborted as error:
+        _fail(f"the endpoint refused the run: {error}. Rows finished so far are saved; fix it and rerun.", 3)
+    except KeyboardInterrupt:
+        _fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
+    return None
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="Run config (TOML).", exists=True, dir_okay=False)],
+    force: Annotated[
+        bool, typer.Option("--force", help="Add to a run made with another prompt/sampling config.")
+    ] = False,
+    no_prefect: NoPrefect = False,
+    verbose: Verbose = False,
+) -> None:
+    """Run or resume CONFIG against its endpoints (resume = the same command again)."""
+    configure(verbose)
+    try:
+        cfg = load_config(config)
+    except ConfigError as error:
+        _fail(str(error))
+        return
+    _run(lambda: execute(cfg, force=force, use_prefect=not no_prefect))
+
+
+@app.command()
+def demo(
+    output_dir: Annotated[Path, typer.Option(help="Where the demo run goes.")] = Path("output"),
+    no_prefect: NoPrefect = False,
+    verbose: Verbose = False,
+) -> None:
+    """Start the bundled SGLang simulator and regenerate the bundled sample prompts into OUTPUT_DIR/demo."""
+    configure(verbose)
+    from sglang_launch.simulator import SimConfig, SimulatorProcess
+
+    started = time.monotonic()
+    with SimulatorProcess(SimConfig.demo()) as sim:
+        cfg = demo_config(sim.url, output_dir)
+        if reset_run_dir(cfg):
+            console.print(f"(replacing the previous demo run in {cfg.run_dir})")
+        console.print(f"simulator (SGLang 0.5.23 surface) at {sim.url}; Prefect: {'off' if no_prefect else 'on'}")
+        _run(lambda: execute(cfg, use_prefect=not no_prefect))
+    console.print(f"demo finished in {time.monotonic() - started:.1f} s")
+
+
+@app.command()
+def status(run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")]) -> None:
+    """Progress per category of a run, read from its finished shards (works on a killed run too)."""
+    try:
+        print_status(run_status(run_dir))
+    except FileNotFoundError as error:
+        _fail(str(error))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sim(ctx: typer.Context) -> None:
+    """Run the SGLang-compatible simulator in the foreground (options: see `datagen sim --help-sim`)."""
+    from sglang_launch.simulator.__main__ import main
+
+    main(list(ctx.args))
+
+
+if __name__ == "__main__":
+    app()

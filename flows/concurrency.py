@@ -1,0 +1,102 @@
+"""How many requests may be in flight: the law (``Limit``) apart from who enforces it (``Limiter``).
+
+Following Netflix's concurrency-limits: a ``Limit`` turns samples into a number and is pure, so it can
+be replayed on a recorded timeline; the ``Limiter`` is the asyncio gate that holds requests back.
+The fixed limit lives here; the adaptive, KV-aware law implements the same ``Limit`` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Limit(Protocol):
+    """A control law: the number of requests allowed in flight right now."""
+
+    @property
+    def limit(self) -> int: ...
+
+
+class FixedLimit:
+    """A constant limit: what every other tool in the field does, and the baseline to beat."""
+
+    def __init__(self, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError("limit must be positive")
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+
+class Lane(Generic[T]):
+    """One endpoint behind the gate: its law, and how many of its requests are in flight."""
+
+    def __init__(self, endpoint: T, limit: Limit) -> None:
+        self.endpoint = endpoint
+        self.limit = limit
+        self.in_flight = 0
+
+    @property
+    def room(self) -> int:
+        return self.limit.limit - self.in_flight
+
+
+class Limiter(Generic[T]):
+    """Admits a request to the lane (endpoint) with the most room; waits while every lane is full.
+
+    The limit is re-read at every admission (instead of sizing a semaphore once), so an adaptive law
+    can shrink or grow a window between two requests without draining anything: in-flight requests
+    finish, new ones wait. One condition serves all lanes, so a free slot anywhere wakes a waiter.
+    """
+
+    def __init__(self, lanes: list[Lane[T]]) -> None:
+        if not lanes:
+            raise ValueError("at least one endpoint is needed")
+        self.lanes = lanes
+        self.waiting = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def in_flight(self) -> int:
+        return sum(lane.in_flight for lane in self.lanes)
+
+    def _best(self) -> Lane[T] | None:
+        lane = max(self.lanes, key=lambda candidate: candidate.room)
+        return lane if lane.room > 0 else None
+
+    async def notify(self) -> None:
+        """Wake waiters after a limit changed."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def acquire(self) -> Lane[T]:
+        async with self._changed:
+            self.waiting += 1
+            try:
+                await self._changed.wait_for(lambda: self._best() is not None)
+            finally:
+                self.waiting -= 1
+            lane = self._best()
+            assert lane is not None
+            lane.in_flight += 1
+            return lane
+
+    async def release(self, lane: Lane[T]) -> None:
+        async with self._changed:
+            lane.in_flight -= 1
+            self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[T]:
+        lane = await self.acquire()
+        try:
+            yield lane.endpoint
+        finally:
+            await self.release(lane)

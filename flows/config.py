@@ -1,0 +1,287 @@
+"""The run configuration: one TOML file, validated before any GPU time is spent.
+
+Every error names the key that is wrong and what to write instead, because the person reading it is
+about to rent eight GPUs and should not have to read a pydantic traceback to find a typo.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sglang_launch.server_config import ServerConfig
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ConfigError(ValueError):
+    """A config problem, already phrased for a person: key, problem, fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GenerationConfig(_Strict):
+    """Sampling settings; every field optional so a category can override only what it needs."""
+
+    max_tokens: int | None = Field(default=None, gt=0, description="Answer length cap per request.")
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool | None = None
+    extra_body: dict[str, Any] | None = None
+
+    def merged_over(self, base: GenerationConfig) -> GenerationConfig:
+        """This config's set fields on top of ``base`` (category over run defaults)."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+DEFAULT_GENERATION = GenerationConfig(max_tokens=2048, temperature=0.7, top_p=1.0)
+
+
+class RunSection(_Strict):
+    name: str = Field(description="Run name: the folder under output_dir.")
+    output_dir: Path = Path("output")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("use letters, digits, '_', '-' or '.', starting with a letter or digit")
+        return value
+
+
+class EndpointConfig(_Strict):
+    url: str = Field(description="Base URL of the server, e.g. http://127.0.0.1:30000")
+    model: str | None = Field(default=None, description="Served model name; read from /v1/models if absent.")
+    api_key_env: str | None = Field(default=None, description="NAME of the env var that holds the API key.")
+    stream: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://, e.g. http://127.0.0.1:30000")
+        value = value.rstrip("/")
+        return value.removesuffix("/v1")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            # Never echo the value: it may be the key itself pasted by mistake.
+            raise ValueError(
+                "must be the NAME of an environment variable (e.g. SGLANG_API_KEY), not the key itself"
+            )
+        return value
+
+
+class ConcurrencyConfig(_Strict):
+    """How many requests may be in flight per endpoint. ``fixed`` for now; the adaptive law plugs in here."""
+
+    mode: Literal["fixed"] = "fixed"
+    limit: int = Field(default=64, gt=0, le=100_000)
+
+
+class RetryConfig(_Strict):
+    """Backoff for transient failures; sized so a server restart of a few minutes costs no prompt."""
+
+    max_attempts: int = Field(default=8, ge=1)
+    initial_wait_s: float = Field(default=1.0, gt=0)
+    max_wait_s: float = Field(default=60.0, gt=0)
+    max_total_s: float = Field(default=900.0, gt=0)
+    read_timeout_s: float = Field(default=3600.0, gt=0, description="Per request; long reasoning answers.")
+
+
+class StoreConfig(_Strict):
+    flush_rows: int = Field(default=256, gt=0, description="Write a parquet shard every N rows ...")
+    flush_seconds: float = Field(default=30.0, gt=0, description="... or every N seconds, whichever first.")
+    shard_prompts: int = Field(default=1000, gt=0, description="Prompts per Prefect shard task.")
+
+
+class CategoryConfig(_Strict):
+    name: str
+    source: str = Field(description="Local file/dir (relative to the config file) or a Hugging Face id.")
+    format: str = Field(description="Converter name, e.g. 'messages' or 'sharegpt'.")
+    split: str = "train"
+    subset: str | None = None
+    limit: int | None = Field(default=None, gt=0, description="Take at most this many prompts.")
+    generation: GenerationConfig = GenerationConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("use letters, digits, '_', '-' or '.', starting with a letter or digit")
+        return value
+
+
+class RunConfig(_Strict):
+    run: RunSection
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    server: ServerConfig | None = None
+    concurrency: ConcurrencyConfig = ConcurrencyConfig()
+    retry: RetryConfig = RetryConfig()
+    store: StoreConfig = StoreConfig()
+    generation: GenerationConfig = DEFAULT_GENERATION
+    categories: list[CategoryConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        names = [c.name for c in self.categories]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"category names must be unique; repeated: {', '.join(dupes)}")
+        launching = self.server is not None and self.server.launch
+        if not self.endpoints and not launching:
+            raise ValueError(
+                'no endpoint: add [[endpoints]] with url = "http://HOST:PORT", '
+                "or [server] launch = true to start one"
+            )
+        return self
+
+    def generation_for(self, category: CategoryConfig) -> GenerationConfig:
+        return category.generation.merged_over(self.generation.merged_over(DEFAULT_GENERATION))
+
+    def category(self, name: str) -> CategoryConfig:
+        for category in self.categories:
+            if category.name == name:
+                return category
+        raise KeyError(name)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.output_dir / self.run.name
+
+
+def fingerprint(config: RunConfig, model: str) -> str:
+    """Hash of everything that decides WHAT is generated (prompts, sampling, model).
+
+    Endpoints, concurrency, retries and store tuning are left out on purpose: moving a run to another
+    server or changing its concurrency must not block a resume, but changing the prompts or sampling
+    must not silently mix two datasets in one run.
+    """
+    payload = {
+        "model": model,
+        "categories": [
+            {
+                "name": c.name,
+                "source": c.source,
+                "format": c.format,
+                "split": c.split,
+                "subset": c.subset,
+                "limit": c.limit,
+                "generation": config.generation_for(c).model_dump(mode="json"),
+            }
+            for c in config.categories
+        ],
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """Field names valid at ``loc``, to suggest the closest one for a typo."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ()) or (annotation,)
+        nested = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return []
+        current = nested[0]
+    return list(current.model_fields) if isinstance(current, type) else []
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    """The closest valid key here, or a sampling key that belongs under ``generation``."""
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f" — did you mean '{close[0]}'?"
+    sampling = difflib.get_close_matches(key, list(GenerationConfig.model_fields), n=1)
+    if sampling and "generation" in known:
+        return f" — did you mean 'generation.{sampling[0]}'? (sampling settings go under generation)"
+    return " — remove it or check the README"
+
+
+def explain(error: ValidationError, source: str) -> ConfigError:
+    """Turn pydantic's errors into lines a person can act on: key, problem, fix."""
+    lines = [f"{source}: the config is not valid:"]
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        key = _loc(loc) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key{_suggest(str(loc[-1]), _known_keys(RunConfig, loc))}")
+            continue
+        elif item["type"] == "missing":
+            lines.append(f"  {key}: required — add it")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {message}")
+    return ConfigError("\n".join(lines))
+
+
+def _resolve_sources(data: dict[str, Any], base: Path) -> None:
+    """Relative local sources are relative to the config file, so a config works from any cwd."""
+    for category in data.get("categories", []) or []:
+        source = category.get("source") if isinstance(category, dict) else None
+        if isinstance(source, str) and not Path(source).is_absolute():
+            candidate = base / source
+            if candidate.exists():
+                category["source"] = str(candidate.resolve())
+
+
+def parse_config(data: dict[str, Any], *, source: str = "config", base: Path | None = None) -> RunConfig:
+    if base is not None:
+        _resolve_sources(data, base)
+    if "api_key" in json.dumps(_keys_only(data)).replace("api_key_env", ""):
+        raise ConfigError(
+            f"{source}: an 'api_key' value is in the config file. Put the key in an environment variable "
+            'and name that variable with api_key_env = "SGLANG_API_KEY".'
+        )
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as error:
+        raise explain(error, source) from None
+
+
+def _keys_only(data: Any) -> Any:
+    """The key structure without values, so secrets are never compared or echoed."""
+    if isinstance(data, dict):
+        return {k: _keys_only(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_keys_only(v) for v in data]
+    return None
+
+
+def load_config(path: Path) -> RunConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the config ({error.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    return parse_config(data, source=str(path), base=path.parent)

@@ -1,0 +1,98 @@
+"""What a person sees in the terminal: a live progress bar and the end-of-run summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.session import RunSession
+from flows.status import RunStatus
+
+console = Console(stderr=True)
+
+
+class LiveProgress:
+    """A rich progress bar fed by the session's reporter hook (no per-request work)."""
+
+    def __init__(self, total: int | None) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("prompts", total=total, detail="starting")
+
+    def __enter__(self) -> LiveProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, session: RunSession) -> None:
+        snap = session.snapshot()
+        already = sum(run.counts.already_done for run in session.categories.values())
+        rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
+        detail = (
+            f"{snap['rows']} rows · {snap['rejects']} rejects · {snap['in_flight']} in flight · "
+            f"{rate:,.0f} tok/s"
+        )
+        self.progress.update(self.task, completed=already + snap["rows"] + snap["rejects"], detail=detail)
+
+
+def status_table(status: RunStatus) -> Table:
+    table = Table(title=f"{status.run_dir}  (config {status.fingerprint})")
+    for column in ("category", "rows", "training", "truncated", "rejects", "limit", "output tokens"):
+        table.add_column(column, justify="left" if column == "category" else "right")
+    for c in status.categories:
+        table.add_row(
+            c.name,
+            str(c.rows),
+            str(c.training_rows),
+            str(c.truncated),
+            f"{c.rejects}" + (f" ({c.retryable_rejects} retry)" if c.retryable_rejects else ""),
+            "-" if c.limit is None else str(c.limit),
+            f"{c.completion_tokens:,}",
+        )
+    return table
+
+
+def print_status(status: RunStatus) -> None:
+    console.print(status_table(status))
+    reasons = [(c.name, reason, n) for c in status.categories for reason, n in c.reject_reasons.most_common()]
+    if reasons:
+        table = Table(title="rejects by reason")
+        for column in ("category", "reason", "count"):
+            table.add_column(column)
+        for name, reason, n in reasons:
+            table.add_row(name, reason, str(n))
+        console.print(table)
+
+
+def print_summary(session: RunSession, status: RunStatus) -> None:
+    """End of run: what was made, how fast, where it is, how to load it."""
+    snap = session.snapshot()
+    wall = snap["elapsed_s"]
+    rate = snap["completion_tokens"] / max(wall, 1e-9)
+    print_status(status)
+    data_dir = Path(status.run_dir) / "data"
+    console.print(
+        f"[bold]This run:[/] {snap['rows']} rows, {snap['rejects']} rejects, "
+        f"{snap['completion_tokens']:,} output tokens in {wall:.1f} s ({rate:,.0f} tok/s, "
+        f"{snap['rows'] / max(wall, 1e-9):.1f} rows/s)"
+    )
+    if session.resumed:
+        already = sum(run.counts.already_done for run in session.categories.values())
+        console.print(f"Resumed: {already} prompts were already done and were not asked again.")
+    console.print(f"[bold]Data:[/] {data_dir}")
+    console.print(
+        f"Load it: datasets.load_dataset(\"parquet\", data_dir=\"{data_dir}\")  "
+        "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`)"
+    )

@@ -1,0 +1,92 @@
+"""The pipeline: categories run side by side, each cut into shards, each shard pumped under the limiter.
+
+The same ``run_categories`` drives the Prefect flow (a flow run per pipeline run, a subflow per
+category, a task per shard) and the Prefect-free path; only the shard runner differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+from flows.prompt_stream import category_items, take
+from flows.pump import pump_shard
+from flows.session import RunSession
+
+ShardRunner = Callable[[str, str, int], Awaitable[None]]
+"""(session key, category, shard index) -> shard done. Prefect's task or a plain coroutine."""
+
+SESSIONS: dict[str, RunSession] = {}
+"""Live sessions by key: Prefect parameters stay small strings, the objects stay in this process."""
+
+
+def register(session: RunSession) -> str:
+    key = uuid.uuid4().hex
+    SESSIONS[key] = session
+    return key
+
+
+async def run_shard(session_key: str, category: str, index: int) -> None:
+    """Pump one shard; the items were parked in the session by ``run_category``."""
+    session = SESSIONS[session_key]
+    items = session.shards.pop((category, index))
+    run = session.category(category)
+    assert session.limiter is not None
+    await pump_shard(items, limiter=session.limiter, sampling=run.sampling, sink=run.sink)
+
+
+def shard_window(session: RunSession) -> int:
+    """Shards in flight per category: enough queued prompts to fill the limit across a shard boundary."""
+    limit = session.config.concurrency.limit * max(len(session.config.endpoints), 1)
+    size = session.config.store.shard_prompts
+    return max(2, -(-limit // size) + 1)
+
+
+async def run_category(session_key: str, category: str, shard_runner: ShardRunner) -> None:
+    """Stream the category's prompts into shards and run a few shards at once."""
+    session = SESSIONS[session_key]
+    run = session.category(category)
+    state = await asyncio.to_thread(session.store.category_state, category)
+    items = category_items(run.config, state, run.counts)
+    size = session.config.store.shard_prompts
+    window = shard_window(session)
+    active: set[asyncio.Task[None]] = set()
+    index = 0
+    try:
+        while True:
+            shard = await asyncio.to_thread(take, items, size)
+            if not shard:
+                break
+            session.shards[(category, index)] = shard
+            task = asyncio.create_task(shard_runner(session_key, category, index))
+            active.add(task)
+            index += 1
+            if len(active) >= window:
+                done, active = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    finished.result()
+        if active:
+            for finished in asyncio.as_completed(active):
+                await finished
+    finally:
+        for task in active:
+            task.cancel()
+        if active:
+            await asyncio.gather(*active, return_exceptions=True)
+    run.finished = True
+
+
+async def run_categories(session_key: str, category_runner: Callable[[str, str], Awaitable[None]]) -> None:
+    """All categories at once: they share the limiter, so the endpoint never idles between them."""
+    session = SESSIONS[session_key]
+    await asyncio.gather(*(category_runner(session_key, c.name) for c in session.config.categories))
+
+
+async def run_plain(session: RunSession) -> None:
+    """The pipeline without Prefect: same code path, no orchestrator (tests, `--no-prefect`)."""
+    key = register(session)
+    try:
+        await run_categories(key, lambda k, name: run_category(k, name, run_shard))
+    finally:
+        SESSIONS.pop(key, None)

@@ -1,0 +1,172 @@
+"""The async request pump: one shard of prompts through the limiter to the endpoints and into the store.
+
+Requests are asyncio tasks, never Prefect tasks: thousands are in flight at once and each is cheap.
+The dispatcher takes a slot BEFORE creating a request task, so waiting prompts are list items, not
+thousands of coroutines woken on every completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from flows.client import EndpointClient
+from flows.concurrency import Lane, Limiter
+from flows.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
+from flows.prompt_stream import Reject
+from flows.quality import TRUNCATED
+from flows.rows import output_row, reject_row
+from flows.sampling import SamplingParams
+from flows.store import ShardWriter
+from prompts.records import Message, PromptRecord
+
+log = logging.getLogger(__name__)
+
+
+class RunAborted(RuntimeError):
+    """The endpoint refuses every request (bad key, unknown model): stop, reject nothing."""
+
+
+@dataclass
+class Tally:
+    """Live counters of one category, read by the progress display and the Prefect artifact."""
+
+    queued: int = 0
+    rows: int = 0
+    rejects: int = 0
+    truncated: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    retried_attempts: int = 0
+    reject_reasons: dict[str, int] = field(default_factory=dict)
+
+    def count_reject(self, reason: str) -> None:
+        self.rejects += 1
+        self.reject_reasons[reason] = self.reject_reasons.get(reason, 0) + 1
+
+
+@dataclass
+class CategorySink:
+    """Where one category's results go."""
+
+    rows: ShardWriter
+    rejects: ShardWriter
+    tally: Tally
+
+
+def first_turn(messages: Sequence[Message]) -> list[Message]:
+    """System prompt(s) and the first user turn: what ``first_turn`` regeneration sends."""
+    prompt: list[Message] = []
+    for message in messages:
+        prompt.append(message)
+        if message.get("role") == "user":
+            return prompt
+    raise ValueError("no user turn")
+
+
+def _source(record: PromptRecord) -> dict[str, object]:
+    return {"dataset": record.source.dataset, "split": record.source.split, "row": record.source.row}
+
+
+async def _ask(
+    record: PromptRecord, client: EndpointClient, sampling: SamplingParams, sink: CategorySink
+) -> None:
+    """One prompt to exactly one row or one reject; a fatal endpoint error propagates."""
+    prompt = first_turn(record.messages)
+    try:
+        generation = await client.generate(prompt, record.tools, sampling)
+    except FatalEndpointError:
+        raise
+    except PermanentRequestError as error:
+        _reject(record, sink, client, error, retryable=False)
+        return
+    except TransientRequestError as error:
+        _reject(record, sink, client, error, retryable=True)
+        return
+    row = output_row(record, prompt, generation, sampling, client.endpoint)
+    sink.rows.add(row)
+    tally = sink.tally
+    tally.rows += 1
+    tally.truncated += TRUNCATED in row["flags"]
+    tally.prompt_tokens += generation.usage.prompt_tokens
+    tally.completion_tokens += generation.usage.completion_tokens
+    tally.reasoning_tokens += generation.usage.reasoning_tokens
+    tally.retried_attempts += generation.attempts - 1
+
+
+def _reject(
+    record: PromptRecord, sink: CategorySink, client: EndpointClient, error: RequestError, *, retryable: bool
+) -> None:
+    attempts = getattr(error, "attempts", 1)
+    sink.rejects.add(
+        reject_row(
+            record_id=record.id,
+            category=record.category,
+            source=_source(record),
+            stage="request",
+            reason=error.reason,
+            status=error.status,
+            retryable=retryable,
+            attempts=attempts,
+            endpoint=client.endpoint,
+        )
+    )
+    sink.tally.count_reject(error.reason)
+
+
+async def pump_shard(
+    items: Sequence[PromptRecord | Reject],
+    *,
+    limiter: Limiter[EndpointClient],
+    sampling: SamplingParams,
+    sink: CategorySink,
+) -> None:
+    """Send every record of the shard, write every conversion reject; return when all are settled."""
+    pending: set[asyncio.Task[None]] = set()
+    fatal: list[FatalEndpointError] = []
+
+    held: dict[asyncio.Task[None], Lane[EndpointClient]] = {}
+
+    async def release(task: asyncio.Task[None]) -> None:
+        lane = held.pop(task, None)
+        if lane is not None:
+            await limiter.release(lane)
+
+    async def run(record: PromptRecord, lane: Lane[EndpointClient]) -> None:
+        try:
+            await _ask(record, lane.endpoint, sampling, sink)
+        except FatalEndpointError as error:
+            fatal.append(error)
+        finally:
+            current = asyncio.current_task()
+            assert current is not None
+            await release(current)
+
+    try:
+        for item in items:
+            if fatal:
+                break
+            if isinstance(item, Reject):
+                sink.rejects.add(item.row)
+                sink.tally.count_reject(item.row["reason"])
+                continue
+            sink.tally.queued += 1
+            lane = await limiter.acquire()
+            task = asyncio.create_task(run(item, lane))
+            held[task] = lane
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        while pending and not fatal:
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for task in list(held):  # cancelled before they ran: their slots are still taken
+            await release(task)
+    if fatal:
+        raise RunAborted(fatal[0].reason) from fatal[0]

@@ -1,0 +1,92 @@
+"""Pure builders: a finished request becomes an output row, a failure becomes a reject row.
+
+Kept apart from the pump so the contract in DESIGN.md (which columns, which flags) is tested
+without a server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from flows.quality import quality_flags
+from flows.responses import Generation
+from flows.sampling import SamplingParams
+from flows.schema import normalize_message
+from prompts.records import Message, PromptRecord
+
+DETAIL_LIMIT = 2000
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def output_row(
+    record: PromptRecord,
+    prompt: list[Message],
+    generation: Generation,
+    sampling: SamplingParams,
+    endpoint: str,
+) -> dict[str, Any]:
+    """The stored row: the prompt as sent plus the regenerated assistant turn, with its provenance."""
+    return {
+        "id": record.id,
+        "category": record.category,
+        "source": {"dataset": record.source.dataset, "split": record.source.split, "row": record.source.row},
+        "messages": [normalize_message(m) for m in [*prompt, generation.message]],
+        "tools": json.dumps(record.tools, ensure_ascii=False) if record.tools else None,
+        "finish_reason": generation.finish_reason,
+        "usage": {
+            "prompt_tokens": generation.usage.prompt_tokens,
+            "completion_tokens": generation.usage.completion_tokens,
+            "reasoning_tokens": generation.usage.reasoning_tokens,
+            "cached_tokens": generation.usage.cached_tokens,
+        },
+        "model": generation.model,
+        "sampling": sampling.to_json(),
+        "endpoint": endpoint,
+        "latency_s": generation.latency_s,
+        "ttft_s": generation.ttft_s,
+        "attempts": generation.attempts,
+        "created_at": _now(),
+        "flags": quality_flags(generation.message, generation.finish_reason, record.tools),
+    }
+
+
+def reject_row(
+    *,
+    record_id: str,
+    category: str,
+    source: Mapping[str, Any],
+    stage: str,
+    reason: str,
+    status: int | None = None,
+    retryable: bool = False,
+    attempts: int = 0,
+    endpoint: str | None = None,
+    detail: str | None = None,
+) -> dict[str, Any]:
+    """A reject: which prompt, at which stage (convert/request/validate), why, and whether to retry."""
+    return {
+        "id": record_id,
+        "category": category,
+        "source": dict(source),
+        "stage": stage,
+        "reason": reason,
+        "status": status,
+        "retryable": retryable,
+        "attempts": attempts,
+        "endpoint": endpoint,
+        "created_at": _now(),
+        "detail": detail[:DETAIL_LIMIT] if detail else None,
+    }
+
+
+def raw_row_id(row: Mapping[str, Any]) -> str:
+    """An id for a source row that could not be converted: stable, so resume does not reject it twice."""
+    canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+    return "raw-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]

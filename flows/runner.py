@@ -1,0 +1,97 @@
+"""Run a config end to end: open the session, run the pipeline (with or without Prefect), summarise.
+
+The CLI's commands are a few lines that call this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from flows.config import RunConfig, parse_config
+from flows.console import LiveProgress, print_summary
+from flows.pipeline import run_plain
+from flows.session import RunSession
+from flows.status import RunStatus, run_status
+
+QUIET_ENV = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_UI_ENABLED": "true",
+}
+
+
+def configure(verbose: bool) -> None:
+    """Quiet, structured logs by default; must run before Prefect is imported (it reads env at import)."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    level = "INFO" if verbose else "WARNING"
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", level)
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
+    )
+    for noisy in ("httpx", "httpcore", "openai"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+async def execute(
+    config: RunConfig,
+    *,
+    force: bool = False,
+    use_prefect: bool = True,
+    endpoint_urls: list[str] | None = None,
+    show_progress: bool = True,
+) -> RunStatus:
+    """Run (or resume) the config; return the status read back from disk."""
+    session = RunSession(config, force=force, endpoint_urls=endpoint_urls)
+    limits = [c.limit for c in config.categories]
+    total = None if any(limit is None for limit in limits) else sum(limit or 0 for limit in limits)
+    progress = LiveProgress(total) if show_progress else None
+    if progress is not None:
+        session.reporters.append(progress.update)
+    async with session:
+        if progress is not None:
+            progress.__enter__()
+        try:
+            if use_prefect:
+                from flows.prefect_flow import run_with_prefect
+
+                await run_with_prefect(session)
+            else:
+                await run_plain(session)
+        finally:
+            await session.report()
+            if progress is not None:
+                progress.__exit__(None, None, None)
+    status = run_status(config.run_dir)
+    if show_progress:
+        print_summary(session, status)
+    return status
+
+
+DEMO_CONFIG = "demo.toml"
+
+
+def demo_config(url: str, output_dir: Path) -> RunConfig:
+    """The bundled demo config, pointed at a running simulator."""
+    samples = resources.files("prompts") / "samples"
+    text = (samples / DEMO_CONFIG).read_text(encoding="utf-8")
+    data: dict[str, Any] = tomllib.loads(text)
+    data["endpoints"] = [{"url": url}]
+    data.setdefault("run", {})["output_dir"] = str(output_dir)
+    with resources.as_file(samples) as base:
+        return parse_config(data, source=f"prompts/samples/{DEMO_CONFIG}", base=Path(base))
+
+
+def reset_run_dir(config: RunConfig) -> bool:
+    """The demo starts clean each time; real runs never delete anything."""
+    if config.run_dir.exists():
+        shutil.rmtree(config.run_dir)
+        return True
+    return False

@@ -1,0 +1,218 @@
+"""What one pipeline run shares across categories and shards: store, clients, limiter, sinks, tallies.
+
+Plain async code: the Prefect flow and the Prefect-free path both drive the same session, so
+everything that matters for correctness is tested without an orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from flows.client import EndpointClient, RetryPolicy
+from flows.concurrency import FixedLimit, Lane, Limiter
+from flows.config import CategoryConfig, RunConfig, fingerprint
+from flows.prompt_stream import PromptRecord, Reject, StreamCounts
+from flows.pump import CategorySink, Tally
+from flows.sampling import SamplingParams
+from flows.store import RunStore
+
+log = logging.getLogger(__name__)
+
+Reporter = Callable[["RunSession"], Awaitable[None] | None]
+
+
+class ConfigProblem(RuntimeError):
+    """The run cannot start as configured (no model served, unreadable key): say so, spend nothing."""
+
+
+@dataclass
+class CategoryRun:
+    """One category's live state in this run."""
+
+    config: CategoryConfig
+    sampling: SamplingParams
+    sink: CategorySink
+    counts: StreamCounts = field(default_factory=StreamCounts)
+    finished: bool = False
+
+
+def sampling_for(config: RunConfig, category: CategoryConfig) -> SamplingParams:
+    generation = config.generation_for(category)
+    return SamplingParams(
+        max_tokens=generation.max_tokens or 2048,
+        temperature=generation.temperature if generation.temperature is not None else 0.7,
+        top_p=generation.top_p if generation.top_p is not None else 1.0,
+        chat_template_kwargs=generation.chat_template_kwargs,
+        separate_reasoning=generation.separate_reasoning,
+        extra_body=dict(generation.extra_body or {}),
+    )
+
+
+def _api_key(env_name: str | None) -> str | None:
+    if env_name is None:
+        return None
+    key = os.environ.get(env_name)
+    if not key:
+        raise ConfigProblem(f"api_key_env names {env_name}, but that environment variable is empty or unset")
+    return key
+
+
+class RunSession:
+    """Open with ``async with``: the store is opened (fingerprint checked) and every row is flushed at exit."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        force: bool = False,
+        endpoint_urls: list[str] | None = None,
+        report_every_s: float = 2.0,
+    ) -> None:
+        self.config = config
+        self.force = force
+        self.store = RunStore(config.run_dir)
+        self.started = time.monotonic()
+        self.categories: dict[str, CategoryRun] = {}
+        self.shards: dict[tuple[str, int], list[PromptRecord | Reject]] = {}
+        self.reporters: list[Reporter] = []
+        self.resumed = False
+        self.model = ""
+        self.fingerprint = ""
+        self._endpoint_urls = endpoint_urls
+        self._report_every_s = report_every_s
+        self._clients: list[EndpointClient] = []
+        self._background: list[asyncio.Task[None]] = []
+        self.limiter: Limiter[EndpointClient] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        retry = self.config.retry
+        policy = RetryPolicy(
+            max_attempts=retry.max_attempts,
+            initial_wait_s=retry.initial_wait_s,
+            max_wait_s=retry.max_wait_s,
+            max_total_s=retry.max_total_s,
+        )
+        endpoints = self.config.endpoints
+        urls = self._endpoint_urls or [e.url for e in endpoints]
+        for index, url in enumerate(urls):
+            settings = endpoints[index] if index < len(endpoints) else None
+            self._clients.append(
+                EndpointClient(
+                    url,
+                    settings.model if settings else None,
+                    _api_key(settings.api_key_env if settings else None),
+                    stream=settings.stream if settings else True,
+                    read_timeout_s=retry.read_timeout_s,
+                    retry=policy,
+                )
+            )
+        try:
+            self.model = await self._resolve_model()
+            self.fingerprint = fingerprint(self.config, self.model)
+            self.resumed = await asyncio.to_thread(
+                self.store.open_run,
+                self.fingerprint,
+                self.config.model_dump(mode="json"),
+                force=self.force,
+            )
+        except BaseException:
+            await self._close_clients()
+            raise
+        self.limiter = Limiter(
+            [Lane(client, FixedLimit(self.config.concurrency.limit)) for client in self._clients]
+        )
+        self._background.append(asyncio.create_task(self._flush_loop()))
+        self._background.append(asyncio.create_task(self._report_loop()))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.flush()
+        await self.report()
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+
+    async def _resolve_model(self) -> str:
+        models = []
+        for client in self._clients:
+            models.append(client.model or await client.detect_model())
+        if len(set(models)) > 1:
+            raise ConfigProblem(f"the endpoints serve different models: {sorted(set(models))}")
+        return models[0]
+
+    # -- categories ------------------------------------------------------------------------------
+    def category(self, name: str) -> CategoryRun:
+        if name not in self.categories:
+            cfg = self.config.category(name)
+            store = self.config.store
+            sink = CategorySink(
+                rows=self.store.row_writer(
+                    name, flush_rows=store.flush_rows, flush_seconds=store.flush_seconds
+                ),
+                rejects=self.store.reject_writer(
+                    name, flush_rows=store.flush_rows, flush_seconds=store.flush_seconds
+                ),
+                tally=Tally(),
+            )
+            self.categories[name] = CategoryRun(cfg, sampling_for(self.config, cfg), sink)
+        return self.categories[name]
+
+    def tallies(self) -> dict[str, Tally]:
+        return {name: run.sink.tally for name, run in self.categories.items()}
+
+    # -- background ------------------------------------------------------------------------------
+    def flush(self, *, only_due: bool = False) -> None:
+        for run in self.categories.values():
+            for writer in (run.sink.rows, run.sink.rejects):
+                if not only_due or writer.due():
+                    writer.flush()
+
+    async def _flush_loop(self) -> None:
+        """Age-based flushing: a slow trickle of rows still reaches disk within flush_seconds."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.flush(only_due=True)
+
+    async def report(self) -> None:
+        for reporter in self.reporters:
+            try:
+                result = reporter(self)
+                if result is not None:
+                    await result
+            except Exception:  # a broken progress display must never stop the data
+                log.warning("progress reporter failed", exc_info=True)
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._report_every_s)
+            await self.report()
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def snapshot(self) -> dict[str, Any]:
+        """Numbers for progress displays and artifacts."""
+        tallies = self.tallies()
+        return {
+            "rows": sum(t.rows for t in tallies.values()),
+            "rejects": sum(t.rejects for t in tallies.values()),
+            "queued": sum(t.queued for t in tallies.values()),
+            "completion_tokens": sum(t.completion_tokens for t in tallies.values()),
+            "in_flight": self.limiter.in_flight if self.limiter else 0,
+            "elapsed_s": self.elapsed_s(),
+        }

@@ -1,0 +1,268 @@
+"""The checkpoint store: parquet shards that make a run resumable exactly once.
+
+A row exists once it is in a shard file that was written under a temporary name, fsynced and
+atomically renamed; anything not yet renamed is simply asked again on resume. So a kill -9 at any
+moment loses at most the rows still buffered (work, not data) and can never leave half a file
+or a row twice. The store knows nothing of HTTP or Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets import Features
+
+from flows.schema import REJECT_FEATURES, ROW_FEATURES, arrow_schema
+
+log = logging.getLogger(__name__)
+
+DATA_DIR = "data"
+REJECTS_DIR = "rejects"
+QUARANTINE_DIR = "quarantine"
+MANIFEST = "manifest.json"
+TMP_PREFIX = ".tmp-"
+
+
+class FingerprintMismatch(RuntimeError):
+    """The run directory holds data generated with a different prompt/sampling config."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_parquet_atomically(table: pa.Table, path: Path) -> None:
+    """Write, fsync, rename, fsync the directory: the file is either whole or absent."""
+    tmp = path.with_name(TMP_PREFIX + path.name)
+    with open(tmp, "wb") as handle:
+        pq.write_table(table, handle, compression="zstd")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_json_atomically(payload: Any, path: Path) -> None:
+    tmp = path.with_name(TMP_PREFIX + path.name)
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class ShardWriter:
+    """Buffers rows of one table and one category; flushes by row count or age.
+
+    File names carry a millisecond timestamp, the pid and a sequence number, so writers of two
+    processes (a resumed run racing a forgotten one) never overwrite each other.
+    """
+
+    def __init__(self, folder: Path, features: Features, *, flush_rows: int, flush_seconds: float) -> None:
+        self.folder = folder
+        self._schema = arrow_schema(features)
+        self._flush_rows = flush_rows
+        self._flush_seconds = flush_seconds
+        self._rows: list[dict[str, Any]] = []
+        self._oldest: float | None = None
+        self._seq = 0
+        self.written = 0
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, row: dict[str, Any]) -> None:
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+        self._rows.append(row)
+        if self.due():
+            self.flush()
+
+    def due(self) -> bool:
+        if not self._rows:
+            return False
+        age = time.monotonic() - (self._oldest or time.monotonic())
+        return len(self._rows) >= self._flush_rows or age >= self._flush_seconds
+
+    @property
+    def pending(self) -> int:
+        return len(self._rows)
+
+    def flush(self) -> Path | None:
+        if not self._rows:
+            return None
+        table = pa.Table.from_pylist(self._rows, schema=self._schema)
+        self._seq += 1
+        name = f"part-{int(time.time() * 1000):013d}-{os.getpid()}-{self._seq:05d}.parquet"
+        path = self.folder / name
+        write_parquet_atomically(table, path)
+        self.written += len(self._rows)
+        self._rows = []
+        self._oldest = None
+        return path
+
+
+def shard_files(folder: Path) -> list[Path]:
+    """Finished shards only: temporary files are never part of the data."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("part-*.parquet") if not p.name.startswith(TMP_PREFIX))
+
+
+@dataclass
+class CategoryState:
+    """What a category already has on disk: the ids to skip on resume, and the counts to report."""
+
+    row_ids: set[str] = field(default_factory=set)
+    final_reject_ids: set[str] = field(default_factory=set)
+    retryable_reject_ids: set[str] = field(default_factory=set)
+
+    @property
+    def done_ids(self) -> set[str]:
+        """Ids not to ask again: rows and rejects that retrying cannot change."""
+        return self.row_ids | self.final_reject_ids
+
+    @property
+    def effective_reject_ids(self) -> set[str]:
+        """Rejects still standing: an id later answered on resume is no longer a reject."""
+        return (self.final_reject_ids | self.retryable_reject_ids) - self.row_ids
+
+
+class RunStore:
+    """One run directory: manifest, per-category row and reject shards, quarantine for bad files."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    # -- layout ----------------------------------------------------------------------------------
+    def data_dir(self, category: str | None = None) -> Path:
+        base = self.run_dir / DATA_DIR
+        return base / category if category else base
+
+    def rejects_dir(self, category: str | None = None) -> Path:
+        base = self.run_dir / REJECTS_DIR
+        return base / category if category else base
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.run_dir / MANIFEST
+
+    # -- manifest --------------------------------------------------------------------------------
+    def read_manifest(self) -> dict[str, Any] | None:
+        if not self.manifest_path.exists():
+            return None
+        return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+
+    def open_run(self, fingerprint: str, snapshot: dict[str, Any], *, force: bool = False) -> bool:
+        """Create or reopen the run; refuse to mix data of another config unless ``force``.
+
+        Returns True when an existing run is resumed.
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.remove_temporary_files()
+        manifest = self.read_manifest()
+        resumed = manifest is not None
+        if manifest is not None and manifest.get("fingerprint") != fingerprint and not force:
+            raise FingerprintMismatch(
+                f"{self.run_dir} was generated with another prompt/sampling config "
+                f"(fingerprint {manifest.get('fingerprint')}, now {fingerprint}). Use a new run name, "
+                "or pass --force to add rows made with the new config to this run."
+            )
+        history = list(manifest.get("history", [])) if manifest else []
+        history.append({"fingerprint": fingerprint, "started_at": datetime.now(UTC).isoformat()})
+        write_json_atomically(
+            {
+                "fingerprint": fingerprint,
+                "created_at": manifest.get("created_at") if manifest else datetime.now(UTC).isoformat(),
+                "config": snapshot,
+                "history": history,
+            },
+            self.manifest_path,
+        )
+        return resumed
+
+    def remove_temporary_files(self) -> int:
+        """Leftovers of a killed writer: never data, always safe to delete."""
+        removed = 0
+        for tmp in self.run_dir.rglob(TMP_PREFIX + "*"):
+            tmp.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _read_columns(self, path: Path, columns: list[str]) -> pa.Table | None:
+        """Read a few columns; a shard that cannot be read is quarantined (its ids get redone)."""
+        try:
+            return pq.read_table(path, columns=columns)
+        except (OSError, pa.ArrowException) as error:
+            target = self.run_dir / QUARANTINE_DIR / path.parent.name
+            target.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target / path.name)
+            log.warning("unreadable shard %s moved to %s: %s", path, target, error)
+            return None
+
+    def _ids(self, folder: Path) -> Iterator[str]:
+        for path in shard_files(folder):
+            table = self._read_columns(path, ["id"])
+            if table is not None:
+                yield from table.column("id").to_pylist()
+
+    def category_state(self, category: str) -> CategoryState:
+        state = CategoryState(row_ids=set(self._ids(self.data_dir(category))))
+        for path in shard_files(self.rejects_dir(category)):
+            table = self._read_columns(path, ["id", "retryable"])
+            if table is None:
+                continue
+            for rid, retryable in zip(
+                table.column("id").to_pylist(), table.column("retryable").to_pylist(), strict=True
+            ):
+                (state.retryable_reject_ids if retryable else state.final_reject_ids).add(rid)
+        return state
+
+    def categories_on_disk(self) -> list[str]:
+        names: set[str] = set()
+        for base in (self.data_dir(), self.rejects_dir()):
+            if base.is_dir():
+                names.update(p.name for p in base.iterdir() if p.is_dir())
+        return sorted(names)
+
+    def iter_rejects(self, category: str) -> Iterator[dict[str, Any]]:
+        for path in shard_files(self.rejects_dir(category)):
+            table = self._read_columns(path, ["id", "stage", "reason", "retryable"])
+            if table is not None:
+                yield from table.to_pylist()
+
+    def iter_row_columns(self, category: str, columns: list[str]) -> Iterator[dict[str, Any]]:
+        for path in shard_files(self.data_dir(category)):
+            table = self._read_columns(path, columns)
+            if table is not None:
+                yield from table.to_pylist()
+
+    # -- writing ---------------------------------------------------------------------------------
+    def row_writer(self, category: str, *, flush_rows: int, flush_seconds: float) -> ShardWriter:
+        return ShardWriter(
+            self.data_dir(category), ROW_FEATURES, flush_rows=flush_rows, flush_seconds=flush_seconds
+        )
+
+    def reject_writer(self, category: str, *, flush_rows: int, flush_seconds: float) -> ShardWriter:
+        return ShardWriter(
+            self.rejects_dir(category), REJECT_FEATURES, flush_rows=flush_rows, flush_seconds=flush_seconds
+        )
+
+
+def flush_all(writers: Iterable[ShardWriter]) -> None:
+    for writer in writers:
+        writer.flush()

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.config import ConfigError, fingerprint, load_config, parse_config
+
+BASE = {
+    "run": {"name": "r1"},
+    "endpoints": [{"url": "http://127.0.0.1:30000/v1/"}],
+    "categories": [{"name": "chat", "source": "x.jsonl", "format": "messages"}],
+}
+
+
+def _with(**changes: object) -> dict:
+    data = {k: (v.copy() if isinstance(v, dict) else [dict(i) for i in v]) for k, v in BASE.items()}
+    data.update(changes)
+    return data
+
+
+def test_minimal_config_gets_defaults_and_normalised_url() -> None:
+    cfg = parse_config(_with())
+    assert cfg.endpoints[0].url == "http://127.0.0.1:30000"
+    assert cfg.concurrency.limit == 64
+    assert cfg.run_dir == Path("output/r1")
+    gen = cfg.generation_for(cfg.categories[0])
+    assert (gen.max_tokens, gen.temperature, gen.top_p) == (2048, 0.7, 1.0)
+
+
+def test_category_generation_overrides_run_defaults_field_by_field() -> None:
+    data = _with(generation={"max_tokens": 1000, "temperature": 0.2})
+    data["categories"][0]["generation"] = {"max_tokens": 300, "chat_template_kwargs": {"thinking": True}}
+    cfg = parse_config(data)
+    gen = cfg.generation_for(cfg.categories[0])
+    assert gen.max_tokens == 300
+    assert gen.temperature == 0.2
+    assert gen.chat_template_kwargs == {"thinking": True}
+
+
+def test_typo_names_the_key_and_suggests_the_fix() -> None:
+    data = _with()
+    data["categories"][0]["max_token"] = 5
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="run.toml")
+    text = str(info.value)
+    assert "categories[0].max_token: unknown key — did you mean" in text
+    assert "run.toml" in text
+
+
+def test_missing_and_invalid_values_name_the_key() -> None:
+    data = _with()
+    del data["categories"][0]["format"]
+    data["concurrency"] = {"limit": 0}
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    text = str(info.value)
+    assert "categories[0].format: required" in text
+    assert "concurrency.limit:" in text
+
+
+def test_api_key_value_is_refused_without_echoing_it() -> None:
+    data = _with()
+    data["endpoints"][0]["api_key"] = "sk-secret-123"
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert "api_key_env" in str(info.value)
+    assert "sk-secret-123" not in str(info.value)
+
+
+def test_api_key_env_must_be_a_variable_name_and_is_not_echoed() -> None:
+    data = _with()
+    data["endpoints"][0]["api_key_env"] = "sk-live key"
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert "NAME of an environment variable" in str(info.value)
+    assert "sk-live key" not in str(info.value)
+
+
+def test_no_endpoint_and_no_launch_is_an_error_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"\[\[endpoints\]\]"):
+        parse_config(_with(endpoints=[]))
+
+
+def test_duplicate_category_names_are_refused() -> None:
+    data = _with()
+    data["categories"].append(dict(data["categories"][0]))
+    with pytest.raises(ConfigError, match="repeated: chat"):
+        parse_config(data)
+
+
+def test_fingerprint_follows_prompts_and_sampling_not_endpoints_or_concurrency() -> None:
+    a = parse_config(_with())
+    moved = parse_config(_with(endpoints=[{"url": "http://10.0.0.2:1"}], concurrency={"limit": 7}))
+    hotter = parse_config(_with(generation={"temperature": 1.0}))
+    assert fingerprint(a, "m") == fingerprint(moved, "m")
+    assert fingerprint(a, "m") != fingerprint(hotter, "m")
+    assert fingerprint(a, "m") != fingerprint(a, "other-model")
+
+
+def test_load_config_resolves_sources_relative_to_the_file(tmp_path: Path) -> None:
+    (tmp_path / "prompts.jsonl").write_text("{}\n")
+    (tmp_path / "run.toml").write_text(
+        '[run]\nname = "x"\n[[endpoints]]\nurl = "http://127.0.0.1:1"\n'
+        '[[categories]]\nname = "c"\nsource = "prompts.jsonl"\nformat = "messages"\n'
+    )
+    cfg = load_config(tmp_path / "run.toml")
+    assert cfg.categories[0].source == str((tmp_path / "prompts.jsonl").resolve())
+
+
+def test_bad_toml_is_reported_with_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[run\nname=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from flows.concurrency import FixedLimit, Lane, Limiter
+from flows.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
+from flows.prompt_stream import Reject
+from flows.pump import CategorySink, RunAborted, Tally, first_turn, pump_shard
+from flows.responses import Generation, Usage
+from flows.rows import reject_row
+from flows.sampling import SamplingParams
+from flows.store import RunStore
+from prompts.records import PromptRecord, SourceRef
+
+
+class FakeClient:
+    """Answers by prompt text: 'bad' -> 400, 'flaky' -> retries exhausted, 'key' -> 401."""
+
+    endpoint = "http://fake"
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.peak = 0
+        self.sent: list[list[dict]] = []
+
+    async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(0.001)
+            self.sent.append(messages)
+            text = messages[-1]["content"]
+            if text == "bad":
+                raise PermanentRequestError("prompt longer than the context", status=400)
+            if text == "flaky":
+                raise TransientRequestError("server unavailable (503)", status=503, attempts=6)
+            if text == "key":
+                raise FatalEndpointError("unauthorized (401)", status=401)
+            return Generation(
+                message={"role": "assistant", "content": "answer " + text, "reasoning_content": None,
+                         "tool_calls": None},
+                finish_reason="length" if text == "long" else "stop",
+                usage=Usage(prompt_tokens=2, completion_tokens=3, reasoning_tokens=0, cached_tokens=0),
+                model="m", latency_s=0.01, ttft_s=0.001, attempts=1,
+            )
+        finally:
+            self.in_flight -= 1
+
+
+def _record(i: int, text: str) -> PromptRecord:
+    return PromptRecord(
+        id=f"p{i}", category="c", source=SourceRef("d", "train", i),
+        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": text},
+                  {"role": "assistant", "content": "old"}, {"role": "user", "content": "follow-up"}],
+    )
+
+
+def _sink(tmp_path: Path) -> CategorySink:
+    store = RunStore(tmp_path)
+    return CategorySink(
+        rows=store.row_writer("c", flush_rows=1000, flush_seconds=1000),
+        rejects=store.reject_writer("c", flush_rows=1000, flush_seconds=1000),
+        tally=Tally(),
+    )
+
+
+def test_first_turn_keeps_system_and_first_user_only() -> None:
+    assert first_turn(_record(0, "q").messages) == [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+
+
+async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> None:
+    client = FakeClient()
+    limiter = Limiter([Lane(client, FixedLimit(4))])
+    sink = _sink(tmp_path)
+    texts = ["ok"] * 20 + ["bad", "flaky", "long"]
+    items: list = [_record(i, t) for i, t in enumerate(texts)]
+    items.append(Reject(reject_row(record_id="raw-1", category="c", source={"dataset": "d", "split": "t", "row": 99},
+                                   stage="convert", reason="no user turn")))
+    await pump_shard(items, limiter=limiter, sampling=SamplingParams(max_tokens=8), sink=sink)
+    assert client.peak == 4 and limiter.in_flight == 0
+    rows = {r["id"]: r for r in sink.rows._rows}
+    rejects = {r["id"]: r for r in sink.rejects._rows}
+    assert len(rows) == 21 and len(rejects) == 3
+    assert set(rows) | set(rejects) == {f"p{i}" for i in range(23)} | {"raw-1"}
+    assert rejects["p20"]["retryable"] is False and rejects["p20"]["status"] == 400
+    assert rejects["p21"]["retryable"] is True and rejects["p21"]["attempts"] == 6
+    assert rows["p22"]["flags"] == ["truncated"]
+    assert sink.tally.rows == 21 and sink.tally.rejects == 3 and sink.tally.truncated == 1
+    assert sink.tally.reject_reasons == {"prompt longer than the context": 1, "server unavailable (503)": 1,
+                                         "no user turn": 1}
+    assert all(len(sent) == 2 for sent in client.sent)
+
+
+async def test_fatal_endpoint_error_aborts_without_rejecting(tmp_path: Path) -> None:
+    client = FakeClient()
+    limiter = Limiter([Lane(client, FixedLimit(2))])
+    sink = _sink(tmp_path)
+    items = [_record(0, "key")] + [_record(i, "ok") for i in range(1, 50)]
+    with pytest.raises(RunAborted, match="401"):
+        await pump_shard(items, limiter=limiter, sampling=SamplingParams(max_tokens=8), sink=sink)
+    assert sink.rejects.pending == 0
+    assert sink.tally.rows < 49
+    assert limiter.in_flight == 0

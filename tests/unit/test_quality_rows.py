@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import json
+
+from flows.quality import quality_flags
+from flows.responses import Generation, Usage
+from flows.rows import output_row, raw_row_id, reject_row
+from flows.sampling import SamplingParams
+from prompts.records import PromptRecord, SourceRef
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def _call(name: str, arguments: str) -> dict:
+    return {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_flags_truncated_empty_and_tool_problems() -> None:
+    assert quality_flags({"content": "ok"}, "stop", None) == []
+    assert quality_flags({"content": "partial"}, "length", None) == ["truncated"]
+    assert quality_flags({"content": "  "}, "stop", None) == ["empty"]
+    ok = {"content": None, "tool_calls": [_call("get_weather", '{"city": "Oslo"}')]}
+    assert quality_flags(ok, "tool_calls", TOOLS) == []
+    bad_args = {"content": None, "tool_calls": [_call("get_weather", '{"city": ')]}
+    assert quality_flags(bad_args, "tool_calls", TOOLS) == ["bad_tool_arguments"]
+    unknown = {"content": None, "tool_calls": [_call("launch_rocket", "{}")]}
+    assert quality_flags(unknown, "tool_calls", TOOLS) == ["unknown_tool"]
+
+
+def test_output_row_follows_the_contract() -> None:
+    record = PromptRecord(
+        id="p1", category="chat", source=SourceRef("ds", "train", 7),
+        messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+    )
+    generation = Generation(
+        message={"role": "assistant", "content": "hello", "reasoning_content": "greet back", "tool_calls": None},
+        finish_reason="length",
+        usage=Usage(prompt_tokens=4, completion_tokens=9, reasoning_tokens=3, cached_tokens=1),
+        model="m", latency_s=1.5, ttft_s=0.2, attempts=2,
+    )
+    sampling = SamplingParams(max_tokens=9, chat_template_kwargs={"thinking": True})
+    row = output_row(record, record.messages, generation, sampling, "http://127.0.0.1:1")
+    assert row["id"] == "p1" and row["category"] == "chat"
+    assert row["source"] == {"dataset": "ds", "split": "train", "row": 7}
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
+    assert row["messages"][1]["reasoning_content"] == "greet back"
+    assert set(row["messages"][0]) == {"role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name"}
+    assert json.loads(row["tools"]) == TOOLS
+    assert row["usage"] == {"prompt_tokens": 4, "completion_tokens": 9, "reasoning_tokens": 3, "cached_tokens": 1}
+    assert json.loads(row["sampling"])["chat_template_kwargs"] == {"thinking": True}
+    assert (row["attempts"], row["latency_s"], row["ttft_s"]) == (2, 1.5, 0.2)
+    assert row["flags"] == ["truncated"]
+    assert row["created_at"].tzinfo is not None
+
+
+def test_reject_row_truncates_detail_and_raw_ids_are_stable() -> None:
+    row = reject_row(record_id="x", category="c", source={"dataset": "d", "split": "s", "row": 1},
+                     stage="convert", reason="no user turn", detail="y" * 5000)
+    assert len(row["detail"]) == 2000 and row["retryable"] is False
+    assert raw_row_id({"a": 1, "b": [2]}) == raw_row_id({"b": [2], "a": 1})
+    assert raw_row_id({"a": 1}) != raw_row_id({"a": 2})

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from datasets import load_dataset
+
+from flows.rows import reject_row
+from flows.schema import ROW_FEATURES
+from flows.store import FingerprintMismatch, RunStore, shard_files
+
+
+def _row(rid: str, flags: list[str] | None = None) -> dict:
+    return {
+        "id": rid,
+        "category": "c",
+        "source": {"dataset": "d", "split": "train", "row": 1},
+        "messages": [
+            {"role": "user", "content": "hi", "reasoning_content": None, "tool_calls": None,
+             "tool_call_id": None, "name": None},
+            {"role": "assistant", "content": "yo", "reasoning_content": "think", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+             "tool_call_id": None, "name": None},
+        ],
+        "tools": None,
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "reasoning_tokens": 1, "cached_tokens": 0},
+        "model": "m",
+        "sampling": "{}",
+        "endpoint": "http://x",
+        "latency_s": 0.5,
+        "ttft_s": None,
+        "attempts": 1,
+        "created_at": datetime.now(UTC),
+        "flags": flags or [],
+    }
+
+
+def _reject(rid: str, retryable: bool) -> dict:
+    return reject_row(record_id=rid, category="c", source={"dataset": "d", "split": "train", "row": 0},
+                      stage="request", reason="boom", retryable=retryable)
+
+
+def test_writer_flushes_by_rows_with_atomic_finished_files(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    store.open_run("fp", {})
+    writer = store.row_writer("c", flush_rows=2, flush_seconds=3600)
+    writer.add(_row("a"))
+    assert shard_files(store.data_dir("c")) == []
+    writer.add(_row("b"))
+    files = shard_files(store.data_dir("c"))
+    assert len(files) == 1
+    assert not list(store.data_dir("c").glob(".tmp-*"))
+    assert pq.read_table(files[0]).column("id").to_pylist() == ["a", "b"]
+
+
+def test_writer_flushes_by_age(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    writer = store.row_writer("c", flush_rows=1000, flush_seconds=0.05)
+    writer.add(_row("a"))
+    assert not writer.due() or writer.pending == 1
+    time.sleep(0.06)
+    assert writer.due()
+    writer.add(_row("b"))
+    assert writer.pending == 0 and writer.written == 2
+
+
+def test_output_loads_with_datasets_and_keeps_declared_features(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    writer = store.row_writer("c", flush_rows=1, flush_seconds=3600)
+    writer.add(_row("a", ["truncated"]))
+    ds = load_dataset("parquet", data_dir=str(store.data_dir()), split="train")
+    assert ds.features == ROW_FEATURES
+    assert ds[0]["messages"][1]["tool_calls"][0]["function"]["name"] == "f"
+    assert ds[0]["flags"] == ["truncated"]
+
+
+def test_done_set_reads_rows_and_final_rejects_but_retries_transient_ones(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("a"))
+    rejects = store.reject_writer("c", flush_rows=10, flush_seconds=60)
+    rejects.add(_reject("bad", retryable=False))
+    rejects.add(_reject("flaky", retryable=True))
+    rejects.add(_reject("later-ok", retryable=True))
+    rejects.flush()
+    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("later-ok"))
+    state = store.category_state("c")
+    assert state.done_ids == {"a", "bad", "later-ok"}
+    assert state.effective_reject_ids == {"bad", "flaky"}
+
+
+def test_leftover_temporary_files_are_removed_and_never_read(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("a"))
+    (store.data_dir("c") / ".tmp-part-9.parquet").write_bytes(b"half a file")
+    assert store.category_state("c").row_ids == {"a"}
+    store.open_run("fp", {})
+    assert not list(store.data_dir("c").glob(".tmp-*"))
+
+
+def test_corrupt_shard_is_quarantined_and_its_ids_redone(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("a"))
+    (store.data_dir("c") / "part-0000000000001-1-00001.parquet").write_bytes(b"not parquet")
+    assert store.category_state("c").row_ids == {"a"}
+    assert len(list((tmp_path / "run" / "quarantine" / "c").iterdir())) == 1
+
+
+def test_changed_config_refuses_to_mix_unless_forced(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    assert store.open_run("fp1", {"a": 1}) is False
+    assert store.open_run("fp1", {"a": 1}) is True
+    with pytest.raises(FingerprintMismatch, match="--force"):
+        store.open_run("fp2", {"a": 2})
+    assert store.open_run("fp2", {"a": 2}, force=True) is True
+    manifest = store.read_manifest()
+    assert manifest is not None
+    assert manifest["fingerprint"] == "fp2"
+    assert [h["fingerprint"] for h in manifest["history"]] == ["fp1", "fp1", "fp2"]
