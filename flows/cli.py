@@ -82,7 +82,9 @@ def demo(
         cfg = demo_config(sim.url, output_dir)
         if reset_run_dir(cfg):
             console.print(f"(replacing the previous demo run in {cfg.run_dir})")
-        console.print(f"simulator (SGLang 0.5.23 surface) at {sim.url}; Prefect: {'off' if no_prefect else 'on'}")
+        console.print(
+            f"simulator (SGLang 0.5.23 surface) at {sim.url}; Prefect: {'off' if no_prefect else 'on'}"
+        )
         _run(lambda: execute(cfg, use_prefect=not no_prefect))
     console.print(f"demo finished in {time.monotonic() - started:.1f} s")
 

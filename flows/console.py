@@ -93,6 +93,6 @@ def print_summary(session: RunSession, status: RunStatus) -> None:
         console.print(f"Resumed: {already} prompts were already done and were not asked again.")
     console.print(f"[bold]Data:[/] {data_dir}")
     console.print(
-        f"Load it: datasets.load_dataset(\"parquet\", data_dir=\"{data_dir}\")  "
+        f'Load it: datasets.load_dataset("parquet", data_dir="{data_dir}")  '
         "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`)"
     )

@@ -65,7 +65,7 @@ def _api_key(env_name: str | None) -> str | None:
 
 
 class RunSession:
-    """Open with ``async with``: the store is opened (fingerprint checked) and every row is flushed at exit."""
+    """Use with ``async with``: opens the store (fingerprint checked); flushes every row at exit."""
 
     def __init__(
         self,

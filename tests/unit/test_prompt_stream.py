@@ -7,8 +7,10 @@ from prompts.records import PromptRecord
 
 
 def _rows(n: int, start: int = 0) -> list[tuple[int, dict]]:
-    return [(i, {"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}"}]})
-            for i in range(start, start + n)]
+    return [
+        (i, {"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}"}]})
+        for i in range(start, start + n)
+    ]
 
 
 CATEGORY = CategoryConfig(name="chat", source="unused.jsonl", format="messages")
@@ -38,8 +40,11 @@ def test_duplicate_rows_are_asked_once_and_counted() -> None:
 
 def test_unconvertible_rows_become_rejects_once_with_a_reason_and_stable_id() -> None:
     counts = StreamCounts()
-    rows = [*_rows(1), (1, {"messages": [{"role": "assistant", "content": "no question"}]}),
-            (2, {"__invalid__": "line 3: Expecting value"})]
+    rows = [
+        *_rows(1),
+        (1, {"messages": [{"role": "assistant", "content": "no question"}]}),
+        (2, {"__invalid__": "line 3: Expecting value"}),
+    ]
     items = list(category_items(CATEGORY, CategoryState(), counts, rows=rows))
     rejects = [i for i in items if isinstance(i, Reject)]
     assert len(rejects) == 2

@@ -40,11 +40,18 @@ class FakeClient:
             if text == "key":
                 raise FatalEndpointError("unauthorized (401)", status=401)
             return Generation(
-                message={"role": "assistant", "content": "answer " + text, "reasoning_content": None,
-                         "tool_calls": None},
+                message={
+                    "role": "assistant",
+                    "content": "answer " + text,
+                    "reasoning_content": None,
+                    "tool_calls": None,
+                },
                 finish_reason="length" if text == "long" else "stop",
                 usage=Usage(prompt_tokens=2, completion_tokens=3, reasoning_tokens=0, cached_tokens=0),
-                model="m", latency_s=0.01, ttft_s=0.001, attempts=1,
+                model="m",
+                latency_s=0.01,
+                ttft_s=0.001,
+                attempts=1,
             )
         finally:
             self.in_flight -= 1
@@ -52,9 +59,15 @@ class FakeClient:
 
 def _record(i: int, text: str) -> PromptRecord:
     return PromptRecord(
-        id=f"p{i}", category="c", source=SourceRef("d", "train", i),
-        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": text},
-                  {"role": "assistant", "content": "old"}, {"role": "user", "content": "follow-up"}],
+        id=f"p{i}",
+        category="c",
+        source=SourceRef("d", "train", i),
+        messages=[
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": "old"},
+            {"role": "user", "content": "follow-up"},
+        ],
     )
 
 
@@ -69,7 +82,9 @@ def _sink(tmp_path: Path) -> CategorySink:
 
 def test_first_turn_keeps_system_and_first_user_only() -> None:
     assert first_turn(_record(0, "q").messages) == [
-        {"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "q"},
+    ]
 
 
 async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> None:
@@ -78,8 +93,17 @@ async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> Non
     sink = _sink(tmp_path)
     texts = ["ok"] * 20 + ["bad", "flaky", "long"]
     items: list = [_record(i, t) for i, t in enumerate(texts)]
-    items.append(Reject(reject_row(record_id="raw-1", category="c", source={"dataset": "d", "split": "t", "row": 99},
-                                   stage="convert", reason="no user turn")))
+    items.append(
+        Reject(
+            reject_row(
+                record_id="raw-1",
+                category="c",
+                source={"dataset": "d", "split": "t", "row": 99},
+                stage="convert",
+                reason="no user turn",
+            )
+        )
+    )
     await pump_shard(items, limiter=limiter, sampling=SamplingParams(max_tokens=8), sink=sink)
     assert client.peak == 4 and limiter.in_flight == 0
     rows = {r["id"]: r for r in sink.rows._rows}
@@ -90,8 +114,11 @@ async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> Non
     assert rejects["p21"]["retryable"] is True and rejects["p21"]["attempts"] == 6
     assert rows["p22"]["flags"] == ["truncated"]
     assert sink.tally.rows == 21 and sink.tally.rejects == 3 and sink.tally.truncated == 1
-    assert sink.tally.reject_reasons == {"prompt longer than the context": 1, "server unavailable (503)": 1,
-                                         "no user turn": 1}
+    assert sink.tally.reject_reasons == {
+        "prompt longer than the context": 1,
+        "server unavailable (503)": 1,
+        "no user turn": 1,
+    }
     assert all(len(sent) == 2 for sent in client.sent)
 
 

@@ -29,14 +29,25 @@ def test_flags_truncated_empty_and_tool_problems() -> None:
 
 def test_output_row_follows_the_contract() -> None:
     record = PromptRecord(
-        id="p1", category="chat", source=SourceRef("ds", "train", 7),
-        messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+        id="p1",
+        category="chat",
+        source=SourceRef("ds", "train", 7),
+        messages=[{"role": "user", "content": "hi"}],
+        tools=TOOLS,
     )
     generation = Generation(
-        message={"role": "assistant", "content": "hello", "reasoning_content": "greet back", "tool_calls": None},
+        message={
+            "role": "assistant",
+            "content": "hello",
+            "reasoning_content": "greet back",
+            "tool_calls": None,
+        },
         finish_reason="length",
         usage=Usage(prompt_tokens=4, completion_tokens=9, reasoning_tokens=3, cached_tokens=1),
-        model="m", latency_s=1.5, ttft_s=0.2, attempts=2,
+        model="m",
+        latency_s=1.5,
+        ttft_s=0.2,
+        attempts=2,
     )
     sampling = SamplingParams(max_tokens=9, chat_template_kwargs={"thinking": True})
     row = output_row(record, record.messages, generation, sampling, "http://127.0.0.1:1")
@@ -44,9 +55,21 @@ def test_output_row_follows_the_contract() -> None:
     assert row["source"] == {"dataset": "ds", "split": "train", "row": 7}
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
     assert row["messages"][1]["reasoning_content"] == "greet back"
-    assert set(row["messages"][0]) == {"role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name"}
+    assert set(row["messages"][0]) == {
+        "role",
+        "content",
+        "reasoning_content",
+        "tool_calls",
+        "tool_call_id",
+        "name",
+    }
     assert json.loads(row["tools"]) == TOOLS
-    assert row["usage"] == {"prompt_tokens": 4, "completion_tokens": 9, "reasoning_tokens": 3, "cached_tokens": 1}
+    assert row["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 9,
+        "reasoning_tokens": 3,
+        "cached_tokens": 1,
+    }
     assert json.loads(row["sampling"])["chat_template_kwargs"] == {"thinking": True}
     assert (row["attempts"], row["latency_s"], row["ttft_s"]) == (2, 1.5, 0.2)
     assert row["flags"] == ["truncated"]
@@ -54,8 +77,14 @@ def test_output_row_follows_the_contract() -> None:
 
 
 def test_reject_row_truncates_detail_and_raw_ids_are_stable() -> None:
-    row = reject_row(record_id="x", category="c", source={"dataset": "d", "split": "s", "row": 1},
-                     stage="convert", reason="no user turn", detail="y" * 5000)
+    row = reject_row(
+        record_id="x",
+        category="c",
+        source={"dataset": "d", "split": "s", "row": 1},
+        stage="convert",
+        reason="no user turn",
+        detail="y" * 5000,
+    )
     assert len(row["detail"]) == 2000 and row["retryable"] is False
     assert raw_row_id({"a": 1, "b": [2]}) == raw_row_id({"b": [2], "a": 1})
     assert raw_row_id({"a": 1}) != raw_row_id({"a": 2})

@@ -19,11 +19,24 @@ def _row(rid: str, flags: list[str] | None = None) -> dict:
         "category": "c",
         "source": {"dataset": "d", "split": "train", "row": 1},
         "messages": [
-            {"role": "user", "content": "hi", "reasoning_content": None, "tool_calls": None,
-             "tool_call_id": None, "name": None},
-            {"role": "assistant", "content": "yo", "reasoning_content": "think", "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
-             "tool_call_id": None, "name": None},
+            {
+                "role": "user",
+                "content": "hi",
+                "reasoning_content": None,
+                "tool_calls": None,
+                "tool_call_id": None,
+                "name": None,
+            },
+            {
+                "role": "assistant",
+                "content": "yo",
+                "reasoning_content": "think",
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+                "tool_call_id": None,
+                "name": None,
+            },
         ],
         "tools": None,
         "finish_reason": "stop",
@@ -40,8 +53,14 @@ def _row(rid: str, flags: list[str] | None = None) -> dict:
 
 
 def _reject(rid: str, retryable: bool) -> dict:
-    return reject_row(record_id=rid, category="c", source={"dataset": "d", "split": "train", "row": 0},
-                      stage="request", reason="boom", retryable=retryable)
+    return reject_row(
+        record_id=rid,
+        category="c",
+        source={"dataset": "d", "split": "train", "row": 0},
+        stage="request",
+        reason="boom",
+        retryable=retryable,
+    )
 
 
 def test_writer_flushes_by_rows_with_atomic_finished_files(tmp_path: Path) -> None:
