@@ -1,0 +1,136 @@
+"""Request failures, sorted by what the run must do about them.
+
+Three outcomes matter over a days-long run, and mixing them up is costly: retrying a prompt that
+can never fit wastes GPU time, rejecting prompts because the API key is wrong throws away the
+whole data set, and giving up on a full server queue loses prompts that would have worked a
+second later. So every failure becomes exactly one of:
+
+- ``TransientRequestError``: try again (connection trouble, timeouts, 5xx incl. SGLang's
+  "The request queue is full.", 429, cut streams, in-stream error events);
+- ``PermanentRequestError``: this prompt can never succeed, reject it (400/413/422);
+- ``FatalEndpointError``: the endpoint is misconfigured, stop the run and keep the prompts
+  (401/403 bad key, 404 no such model or route, and other 4xx).
+
+``reason`` is written to the rejects table and to logs: short, human, and never the API key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import openai
+
+PERMANENT_STATUSES = frozenset({400, 413, 422})
+# 4xx codes that say "not now" rather than "never" or "misconfigured".
+TRANSIENT_CLIENT_STATUSES = frozenset({408, 409, 425, 429})
+MAX_REASON_CHARS = 1000
+_REDACTED = "***"
+
+
+class RequestError(Exception):
+    """A failed request: ``reason`` (short, human), the HTTP ``status`` if any, and ``attempts``
+    (set by the client to the attempt that raised it, so an exhausted retry says how many)."""
+
+    def __init__(self, reason: str, *, status: int | None = None, attempts: int = 1) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        status = f"HTTP {self.status}: " if self.status is not None else ""
+        return f"{status}{self.reason} (attempt {self.attempts})"
+
+
+class TransientRequestError(RequestError):
+    """Worth retrying: the same request may well succeed later."""
+
+
+class PermanentRequestError(RequestError):
+    """The prompt itself is at fault (too long, invalid): reject it, do not retry."""
+
+
+class FatalEndpointError(RequestError):
+    """The endpoint or its configuration is wrong: stop the run rather than reject prompts."""
+
+
+def error_for_status(status: int | None, reason: str) -> RequestError:
+    """The error class an HTTP status calls for; no status (an event without a code) is transient."""
+    if status is None or status >= 500 or status in TRANSIENT_CLIENT_STATUSES:
+        return TransientRequestError(reason, status=status)
+    if status in PERMANENT_STATUSES:
+        return PermanentRequestError(reason, status=status)
+    return FatalEndpointError(reason, status=status)
+
+
+def classify(exc: BaseException, *, secret: str | None = None) -> RequestError:
+    """Map an openai/httpx exception (or one of ours, returned as is) to a ``RequestError``.
+
+    ``secret`` (the API key) is scrubbed from the reason: some servers echo the key back in 401s.
+    Anything unrecognised is transient, so the retry budget, not a guess, decides its fate.
+    """
+    if isinstance(exc, RequestError):
+        return exc
+    error = _classify_foreign(exc)
+    error.reason = _shorten(_redact(error.reason, secret))
+    error.args = (error.reason,)
+    return error
+
+
+def _classify_foreign(exc: BaseException) -> RequestError:
+    if isinstance(exc, openai.APIStatusError):
+        return error_for_status(exc.status_code, _body_message(exc.body) or exc.message)
+    if isinstance(exc, openai.APITimeoutError):
+        return TransientRequestError("request timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        return TransientRequestError(f"connection error: {_describe(exc.__cause__ or exc)}")
+    if isinstance(exc, openai.APIResponseValidationError):
+        return TransientRequestError(f"malformed response: {exc.message}", status=exc.status_code)
+    if isinstance(exc, openai.APIError):
+        # An error event inside a 200 stream (SGLang/vLLM queue full): the status is in the body.
+        return error_for_status(_body_code(exc.body), _body_message(exc.body) or exc.message)
+    if isinstance(exc, httpx.HTTPStatusError):
+        return error_for_status(exc.response.status_code, str(exc))
+    if isinstance(exc, httpx.TimeoutException):
+        return TransientRequestError(f"timed out: {_describe(exc)}")
+    return TransientRequestError(_describe(exc))
+
+
+def _body_message(body: object) -> str | None:
+    """The server's own message: SGLang's flat ``{"message": ...}``, or vLLM's ``{"error": {...}}``
+    (which the SDK usually unwraps already)."""
+    if not isinstance(body, Mapping):
+        return None
+    inner = body.get("error")
+    if isinstance(inner, Mapping):
+        return _body_message(inner)
+    message = body.get("message")
+    return message if isinstance(message, str) and message else None
+
+
+def _body_code(body: object) -> int | None:
+    if not isinstance(body, Mapping):
+        return None
+    code: Any = body.get("code")
+    if isinstance(code, bool):
+        return None
+    if isinstance(code, int):
+        return code
+    if isinstance(code, str) and code.isdigit():
+        return int(code)
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, _REDACTED) if secret else text
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"

@@ -1,0 +1,161 @@
+"""classify(): every openai/httpx failure lands in exactly one of transient / permanent / fatal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from flows.errors import (
+    MAX_REASON_CHARS,
+    FatalEndpointError,
+    PermanentRequestError,
+    RequestError,
+    TransientRequestError,
+    classify,
+    error_for_status,
+)
+
+# Typed Any: this SDK is typed for httpx2 but takes httpx objects at run time, as the client does.
+REQUEST: Any = httpx.Request("POST", "http://127.0.0.1:30000/v1/chat/completions")
+
+
+def status_error(status: int, body: object) -> openai.APIStatusError:
+    response: Any = httpx.Response(status, request=REQUEST, json=body)
+    return openai.APIStatusError(f"Error code: {status}", response=response, body=body)
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, PermanentRequestError),
+        (413, PermanentRequestError),
+        (422, PermanentRequestError),
+        (401, FatalEndpointError),
+        (403, FatalEndpointError),
+        (404, FatalEndpointError),
+        (405, FatalEndpointError),
+        (408, TransientRequestError),
+        (409, TransientRequestError),
+        (429, TransientRequestError),
+        (500, TransientRequestError),
+        (502, TransientRequestError),
+        (503, TransientRequestError),
+        (504, TransientRequestError),
+        (None, TransientRequestError),
+    ],
+)
+def test_status_table(status: int | None, kind: type[RequestError]) -> None:
+    error = error_for_status(status, "why")
+
+    assert type(error) is kind
+    assert (error.status, error.reason, error.attempts) == (status, "why", 1)
+
+
+def test_status_error_uses_the_servers_message() -> None:
+    sglang_body = {"object": "error", "message": "The request queue is full.", "type": "503", "code": 503}
+
+    error = classify(status_error(503, sglang_body))
+
+    assert type(error) is TransientRequestError
+    assert (error.status, error.reason) == (503, "The request queue is full.")
+
+
+def test_status_error_without_a_message_falls_back_to_the_sdk_text() -> None:
+    error = classify(status_error(502, "<html>Bad Gateway</html>"))
+
+    assert (type(error), error.status, error.reason) == (TransientRequestError, 502, "Error code: 502")
+
+
+def test_nested_error_body_is_unwrapped() -> None:
+    body = {"error": {"message": "The model `x` does not exist.", "code": 404}}
+
+    error = classify(status_error(404, body))
+
+    assert (type(error), error.reason) == (FatalEndpointError, "The model `x` does not exist.")
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "status"),
+    [
+        (
+            {"message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE", "code": 503},
+            TransientRequestError,
+            503,
+        ),
+        ({"message": "The request queue is full.", "code": "503"}, TransientRequestError, 503),
+        ({"message": "The request queue is full."}, TransientRequestError, None),
+        ({"message": "The request queue is full.", "code": True}, TransientRequestError, None),
+        ({"message": "The request queue is full.", "code": 400}, PermanentRequestError, 400),
+    ],
+)
+def test_in_stream_error_event_takes_its_code_from_the_body(
+    body: dict[str, object], kind: type[RequestError], status: int | None
+) -> None:
+    event = openai.APIError("The request queue is full.", REQUEST, body=body)
+
+    error = classify(event)
+
+    assert (type(error), error.status, error.reason) == (kind, status, "The request queue is full.")
+
+
+def test_transport_failures_are_transient() -> None:
+    cut = openai.APIConnectionError(request=REQUEST)
+    cut.__cause__ = httpx.ReadError("connection reset")
+
+    assert classify(cut).reason == "connection error: ReadError: connection reset"
+    assert (
+        classify(openai.APIConnectionError(request=REQUEST)).reason
+        == "connection error: APIConnectionError: Connection error."
+    )
+    assert classify(openai.APITimeoutError(request=REQUEST)).reason == "request timed out"
+    assert classify(httpx.ReadTimeout("slow")).reason == "timed out: ReadTimeout: slow"
+    assert classify(httpx.RemoteProtocolError("")).reason == "RemoteProtocolError"
+    assert all(
+        type(classify(exc)) is TransientRequestError
+        for exc in (cut, httpx.ReadTimeout("slow"), httpx.RemoteProtocolError(""), RuntimeError("odd"))
+    )
+
+
+def test_httpx_status_error() -> None:
+    response = httpx.Response(403, request=REQUEST)
+    error = classify(httpx.HTTPStatusError("forbidden", request=REQUEST, response=response))
+
+    assert (type(error), error.status, error.reason) == (FatalEndpointError, 403, "forbidden")
+
+
+def test_invalid_response_body_is_transient() -> None:
+    response: Any = httpx.Response(200, request=REQUEST, content=b"not json")
+    error = classify(openai.APIResponseValidationError(response=response, body="not json"))
+
+    assert (type(error), error.status) == (TransientRequestError, 200)
+    assert error.reason.startswith("malformed response: ")
+
+
+def test_our_own_errors_pass_through_unchanged() -> None:
+    original = PermanentRequestError("too long", status=400, attempts=2)
+
+    assert classify(original) is original
+
+
+def test_secret_is_redacted_everywhere() -> None:
+    secret = "sk-live-0123456789"
+    error = classify(status_error(401, {"message": f"Incorrect API key provided: {secret}."}), secret=secret)
+
+    assert error.reason == "Incorrect API key provided: ***."
+    assert error.args == ("Incorrect API key provided: ***.",)
+    assert secret not in str(error) + repr(error)
+
+
+def test_long_reasons_are_cut() -> None:
+    error = classify(status_error(400, {"message": "x" * 5000}))
+
+    assert len(error.reason) == MAX_REASON_CHARS
+    assert error.reason.endswith("x…")
+
+
+def test_str_shows_status_reason_and_attempts() -> None:
+    assert str(TransientRequestError("cut stream", attempts=4)) == "cut stream (attempt 4)"
+    assert str(FatalEndpointError("bad key", status=401)) == "HTTP 401: bad key (attempt 1)"
