@@ -11,7 +11,7 @@ import typer
 
 from flows.config import ConfigError, load_config
 from flows.console import console, print_status
-from flows.runner import configure, demo_config, execute, reset_run_dir
+from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
 from flows.session import ConfigProblem
 from flows.status import run_status
 from flows.store import FingerprintMismatch
@@ -75,10 +75,10 @@ def demo(
 ) -> None:
     """Start the bundled SGLang simulator and regenerate the bundled sample prompts into OUTPUT_DIR/demo."""
     configure(verbose)
-    from sglang_launch.simulator import SimConfig, SimulatorProcess
+    from sglang_launch.simulator import SimulatorProcess
 
     started = time.monotonic()
-    with SimulatorProcess(SimConfig.demo()) as sim:
+    with SimulatorProcess(demo_sim_config()) as sim:
         cfg = demo_config(sim.url, output_dir)
         if reset_run_dir(cfg):
             console.print(f"(replacing the previous demo run in {cfg.run_dir})")
@@ -98,12 +98,15 @@ def status(run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. o
         _fail(str(error))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
 def sim(ctx: typer.Context) -> None:
-    """Run the SGLang-compatible simulator in the foreground (options: see `datagen sim --help-sim`)."""
-    from sglang_launch.simulator.__main__ import main
+    """Serve the SGLang-compatible simulator in the foreground (`datagen sim --help` lists its options)."""
+    from sglang_launch.simulator.cli import config_from_args
+    from sglang_launch.simulator.server import serve
 
-    main(list(ctx.args))
+    serve(config_from_args(list(ctx.args)))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prompts.categories import expand
 from sglang_launch.server_config import ServerConfig
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -108,12 +109,40 @@ class StoreConfig(_Strict):
     shard_prompts: int = Field(default=1000, gt=0, description="Prompts per Prefect shard task.")
 
 
+class QuotaConfig(_Strict):
+    """How much of a source to take, sampled by a seeded hash of each prompt's id.
+
+    Hash sampling is stable across runs (the same rows are chosen whatever the row order, and
+    whatever the other categories do) and needs no shuffle buffer: a fraction is decided row by row;
+    a count takes the ``count`` rows with the smallest hashes, which costs one extra pass over the
+    source to find them.
+    """
+
+    count: int | None = Field(default=None, gt=0)
+    fraction: float | None = Field(default=None, gt=0, le=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_of(self) -> QuotaConfig:
+        if (self.count is None) == (self.fraction is None):
+            raise ValueError("set exactly one of count (e.g. 20000) or fraction (e.g. 0.1)")
+        return self
+
+
+RegenMode = Literal["first_turn", "all_turns", "tool_replay"]
+
+
 class CategoryConfig(_Strict):
     name: str
     source: str = Field(description="Local file/dir (relative to the config file) or a Hugging Face id.")
     format: str = Field(description="Converter name, e.g. 'messages' or 'sharegpt'.")
     split: str = "train"
     subset: str | None = None
+    mode: RegenMode = Field(default="first_turn", description="What is regenerated of each conversation.")
+    send_tools: bool = Field(default=True, description="Send the prompt's tools with the request.")
+    system_prompt: str | None = Field(default=None, description="Replaces the prompt's system message(s).")
+    filters: dict[str, Any] = Field(default_factory=dict, description="Format-specific row filters.")
+    quota: QuotaConfig | None = None
     limit: int | None = Field(default=None, gt=0, description="Take at most this many prompts.")
     generation: GenerationConfig = GenerationConfig()
 
@@ -123,6 +152,16 @@ class CategoryConfig(_Strict):
         if not _NAME.match(value):
             raise ValueError("use letters, digits, '_', '-' or '.', starting with a letter or digit")
         return value
+
+    @model_validator(mode="after")
+    def _known_format(self) -> CategoryConfig:
+        from prompts.filters import check_filters
+        from prompts.formats import known_formats
+
+        if self.format not in known_formats():
+            raise ValueError(f"format {self.format!r} is unknown; known: {', '.join(known_formats())}")
+        check_filters(self.format, self.filters)
+        return self
 
 
 class RunConfig(_Strict):
@@ -174,12 +213,7 @@ def fingerprint(config: RunConfig, model: str) -> str:
         "model": model,
         "categories": [
             {
-                "name": c.name,
-                "source": c.source,
-                "format": c.format,
-                "split": c.split,
-                "subset": c.subset,
-                "limit": c.limit,
+                **c.model_dump(mode="json", exclude={"generation"}),
                 "generation": config.generation_for(c).model_dump(mode="json"),
             }
             for c in config.categories
@@ -198,11 +232,11 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 def _known_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """Field names valid at ``loc``, to suggest the closest one for a typo."""
-    current: Any = model
+    current: type[BaseModel] = model
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        field = current.model_fields.get(part) if isinstance(current, type) else None
+        field = current.model_fields.get(part)
         if field is None:
             return []
         annotation = field.annotation
@@ -211,7 +245,7 @@ def _known_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]
         if not nested:
             return []
         current = nested[0]
-    return list(current.model_fields) if isinstance(current, type) else []
+    return list(current.model_fields)
 
 
 def _suggest(key: str, known: list[str]) -> str:
@@ -252,9 +286,25 @@ def _resolve_sources(data: dict[str, Any], base: Path) -> None:
                 category["source"] = str(candidate.resolve())
 
 
+def _expand_categories(data: dict[str, Any], base: Path | None, source: str) -> None:
+    """Entries that name a category file get the file's settings underneath their own."""
+    entries = data.get("categories")
+    if not isinstance(entries, list):
+        return
+    extra = [base / "categories"] if base is not None else []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            continue
+        try:
+            entries[index] = expand(entry, extra)
+        except LookupError as error:
+            raise ConfigError(f"{source}: categories[{index}].use: {error.args[0]}") from None
+
+
 def parse_config(data: dict[str, Any], *, source: str = "config", base: Path | None = None) -> RunConfig:
     if base is not None:
         _resolve_sources(data, base)
+    _expand_categories(data, base, source)
     if "api_key" in json.dumps(_keys_only(data)).replace("api_key_env", ""):
         raise ConfigError(
             f"{source}: an 'api_key' value is in the config file. Put the key in an environment variable "

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from flows.prompt_stream import category_items, take
 from flows.pump import pump_shard
 from flows.session import RunSession
 
-ShardRunner = Callable[[str, str, int], Awaitable[None]]
+ShardRunner = Callable[[str, str, int], Coroutine[Any, Any, None]]
 """(session key, category, shard index) -> shard done. Prefect's task or a plain coroutine."""
 
 SESSIONS: dict[str, RunSession] = {}
@@ -33,7 +34,9 @@ async def run_shard(session_key: str, category: str, index: int) -> None:
     items = session.shards.pop((category, index))
     run = session.category(category)
     assert session.limiter is not None
-    await pump_shard(items, limiter=session.limiter, sampling=run.sampling, sink=run.sink)
+    await pump_shard(
+        items, limiter=session.limiter, category=run.config, sampling=run.sampling, sink=run.sink
+    )
 
 
 def shard_window(session: RunSession) -> int:
@@ -47,8 +50,7 @@ async def run_category(session_key: str, category: str, shard_runner: ShardRunne
     """Stream the category's prompts into shards and run a few shards at once."""
     session = SESSIONS[session_key]
     run = session.category(category)
-    state = await asyncio.to_thread(session.store.category_state, category)
-    items = category_items(run.config, state, run.counts)
+    items = category_items(run.config, session.states[category], run.counts, dedup=session.dedup)
     size = session.config.store.shard_prompts
     window = shard_window(session)
     active: set[asyncio.Task[None]] = set()
@@ -63,12 +65,12 @@ async def run_category(session_key: str, category: str, shard_runner: ShardRunne
             active.add(task)
             index += 1
             if len(active) >= window:
-                done, active = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
                 for finished in done:
+                    active.discard(finished)
                     finished.result()
         if active:
-            for finished in asyncio.as_completed(active):
-                await finished
+            await asyncio.gather(*active)
     finally:
         for task in active:
             task.cancel()
@@ -80,6 +82,7 @@ async def run_category(session_key: str, category: str, shard_runner: ShardRunne
 async def run_categories(session_key: str, category_runner: Callable[[str, str], Awaitable[None]]) -> None:
     """All categories at once: they share the limiter, so the endpoint never idles between them."""
     session = SESSIONS[session_key]
+    await asyncio.to_thread(session.load_states)
     await asyncio.gather(*(category_runner(session_key, c.name) for c in session.config.categories))
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import acreate_markdown_artifact, acreate_progress_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.pipeline import SESSIONS, register, run_categories, run_category, run_shard
+from flows.pipeline import SESSIONS, ShardRunner, register, run_categories, run_category, run_shard
 from flows.session import RunSession
 from flows.status import progress_fraction, progress_markdown
 
@@ -30,7 +30,7 @@ async def shard_task(session_key: str, category: str, index: int) -> None:
 
 @flow(name="category", flow_run_name="{category}", persist_result=False, validate_parameters=False)
 async def category_flow(session_key: str, category: str) -> None:
-    await run_category(session_key, category, shard_task)
+    await run_category(session_key, category, cast(ShardRunner, shard_task))
 
 
 async def _artifact_loop(session: RunSession) -> None:
@@ -40,12 +40,11 @@ async def _artifact_loop(session: RunSession) -> None:
         fraction = progress_fraction(session)
         percent = round(100.0 * fraction, 1) if fraction is not None else 0.0
         if artifact_id is None:
-            created = await create_progress_artifact(
+            artifact_id = await acreate_progress_artifact(
                 progress=percent, key=f"{_key(session)}-progress", description="rows + rejects done"
             )
-            artifact_id = created if isinstance(created, UUID) else None
         else:
-            await update_progress_artifact(artifact_id=artifact_id, progress=percent)
+            await aupdate_progress_artifact(artifact_id=artifact_id, progress=percent)
         await asyncio.sleep(ARTIFACT_EVERY_S)
 
 
@@ -64,7 +63,7 @@ async def datagen_flow(run_name: str, session_key: str) -> dict[str, Any]:
         updater.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await updater
-    await create_markdown_artifact(
+    await acreate_markdown_artifact(
         markdown=progress_markdown(session), key=f"{_key(session)}-summary", description="run summary"
     )
     return session.snapshot()

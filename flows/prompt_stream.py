@@ -1,35 +1,62 @@
-"""A category's prompts as a stream: read, convert, skip what is done, cap at the limit, cut in shards.
+"""A category's prompts as a stream: read, filter, convert, sample, dedup, skip what is done, cut in shards.
 
 Streaming (never a list of the whole source) keeps memory flat on million-row sets, and the done-set
-check here is what makes resume ask nothing twice.
+check here is what makes resume ask nothing twice. Every row that does not become a request is
+counted by the step that dropped it, so a shrink is always explained.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import dataclasses
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
 from flows.config import CategoryConfig
+from flows.regen import first_turn
 from flows.rows import raw_row_id, reject_row
 from flows.store import CategoryState
+from prompts.dedup import DedupIndex, prompt_key, sample_score
 from prompts.errors import ConversionError
+from prompts.filters import row_filter
 from prompts.formats import to_record
 from prompts.readers import dataset_label, iter_rows
 from prompts.records import PromptRecord
 
+Rows = Iterable[tuple[int, dict[str, Any]]]
+
 
 @dataclass
 class StreamCounts:
-    """What happened to the source rows of one category in this run (for the summary)."""
+    """What happened to the source rows of one category in this run (for previews and summaries)."""
 
     read: int = 0
+    filtered: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
     converted: int = 0
-    already_done: int = 0
+    not_sampled: int = 0
     duplicates: int = 0
-    rejected: int = 0
-    reject_reasons: dict[str, int] = field(default_factory=dict)
+    duplicates_across: Counter[str] = field(default_factory=Counter)
+    taken: int = 0
+    already_done: int = 0
+
+    def steps(self) -> list[tuple[str, int]]:
+        """Rows left after each step, in order."""
+        after_filter = self.read - self.filtered.total()
+        after_convert = after_filter - self.rejected.total()
+        after_quota = after_convert - self.not_sampled
+        after_dedup = after_quota - self.duplicates
+        return [
+            ("read", self.read),
+            ("after filters", after_filter),
+            ("converted", after_convert),
+            ("after quota", after_quota),
+            ("after dedup", after_dedup),
+            ("to ask (not done yet)", after_dedup - self.already_done),
+        ]
 
 
 @dataclass(frozen=True)
@@ -39,58 +66,146 @@ class Reject:
     row: dict[str, Any]
 
 
-def category_items(
-    category: CategoryConfig,
-    state: CategoryState,
-    counts: StreamCounts,
-    rows: Iterable[tuple[int, dict[str, Any]]] | None = None,
-) -> Iterator[PromptRecord | Reject]:
-    """Records still to ask, and conversion rejects not yet recorded, in source order."""
-    dataset = dataset_label(category.source)
-    source_rows = (
-        rows if rows is not None else iter_rows(category.source, split=category.split, subset=category.subset)
-    )
-    seen: set[str] = set()
-    for index, row in source_rows:
-        if category.limit is not None and counts.converted >= category.limit:
-            return
-        counts.read += 1
+def dedup_key(record: PromptRecord, category: CategoryConfig) -> str:
+    """What is asked: the first turn in ``first_turn`` mode, every user/system turn otherwise."""
+    if category.mode == "first_turn":
+        turns = first_turn(record.messages)
+    else:
+        turns = [m for m in record.messages if m.get("role") in ("system", "user")]
+    return prompt_key(turns, record.tools)
+
+
+def prepared(record: PromptRecord, category: CategoryConfig) -> PromptRecord:
+    """Apply the category's system prompt override and tool policy to a converted record."""
+    changes: dict[str, Any] = {}
+    if category.system_prompt is not None:
+        rest = [m for m in record.messages if m.get("role") != "system"]
+        changes["messages"] = [{"role": "system", "content": category.system_prompt}, *rest]
+    if not category.send_tools and record.tools:
+        changes["tools"] = None
+    return dataclasses.replace(record, **changes) if changes else record
+
+
+def source_rows(category: CategoryConfig) -> Rows:
+    return iter_rows(category.source, split=category.split, subset=category.subset)
+
+
+class CategoryStream:
+    """The category's rows turned into records and rejects (one reusable conversion step)."""
+
+    def __init__(self, category: CategoryConfig) -> None:
+        self.category = category
+        self.dataset = dataset_label(category.source)
+        self.filter = row_filter(category.format, category.filters)
+
+    def convert(self, index: int, row: dict[str, Any]) -> PromptRecord | Reject | str:
+        """A record, a conversion reject, or the reason a filter dropped the row."""
+        if self.filter is not None and "__invalid__" not in row:
+            reason = self.filter.reject_reason(row)
+            if reason is not None:
+                return reason
+        category = self.category
         try:
             record = to_record(
                 row,
                 index=index,
                 category=category.name,
-                dataset=dataset,
+                dataset=self.dataset,
                 split=category.split,
                 fmt=category.format,
             )
         except ConversionError as error:
-            rid = raw_row_id(row)
-            if rid in state.done_ids or rid in seen:
-                continue
-            seen.add(rid)
-            counts.rejected += 1
-            counts.reject_reasons[error.reason] = counts.reject_reasons.get(error.reason, 0) + 1
-            yield Reject(
+            return Reject(
                 reject_row(
-                    record_id=rid,
+                    record_id=raw_row_id(row),
                     category=category.name,
-                    source={"dataset": dataset, "split": category.split, "row": index},
+                    source={"dataset": self.dataset, "split": category.split, "row": index},
                     stage="convert",
                     reason=error.reason,
-                    detail=str(row)[:2000],
+                    detail=str(row),
                 )
             )
+        return prepared(record, category)
+
+    def quota_ids(self, rows: Rows) -> set[str]:
+        """For a count quota: the ids of the ``count`` records with the smallest seeded hashes."""
+        quota = self.category.quota
+        assert quota is not None and quota.count is not None
+        seed = quota.seed
+
+        def scored() -> Iterator[tuple[float, str]]:
+            for index, row in rows:
+                item = self.convert(index, row)
+                if isinstance(item, PromptRecord):
+                    yield sample_score(seed, item.id), item.id
+
+        return {rid for _, rid in heapq.nsmallest(quota.count, scored())}
+
+
+def category_items(
+    category: CategoryConfig,
+    state: CategoryState,
+    counts: StreamCounts,
+    rows: Rows | None = None,
+    *,
+    dedup: DedupIndex | None = None,
+    rows_again: Callable[[], Rows] | None = None,
+) -> Iterator[PromptRecord | Reject]:
+    """Records still to ask, and conversion rejects not yet recorded, in source order.
+
+    ``rows_again`` re-opens the source for a count quota's extra pass (defaults to re-reading it).
+    """
+    stream = CategoryStream(category)
+    opened = rows if rows is not None else source_rows(category)
+    quota = category.quota
+    chosen: set[str] | None = None
+    if quota is not None and quota.count is not None:
+        chosen = stream.quota_ids(opened)
+        opened = rows_again() if rows_again is not None else source_rows(category)
+    index_ = dedup if dedup is not None else DedupIndex()
+    seen_ids: set[str] = set()
+    for index, row in opened:
+        if category.limit is not None and counts.taken >= category.limit:
+            return
+        counts.read += 1
+        item = stream.convert(index, row)
+        if isinstance(item, str):
+            counts.filtered[item] += 1
             continue
-        if record.id in seen:
+        if isinstance(item, Reject):
+            rid = item.row["id"]
+            if rid in seen_ids:
+                counts.duplicates += 1
+                continue
+            seen_ids.add(rid)
+            counts.rejected[item.row["reason"]] += 1
+            if rid not in state.done_ids:
+                yield item
+            continue
+        counts.converted += 1
+        if (chosen is not None and item.id not in chosen) or (
+            quota is not None
+            and quota.fraction is not None
+            and sample_score(quota.seed, item.id) >= quota.fraction
+        ):
+            counts.not_sampled += 1
+            continue
+        if item.id in seen_ids:
             counts.duplicates += 1
             continue
-        seen.add(record.id)
-        counts.converted += 1
-        if record.id in state.done_ids:
+        seen_ids.add(item.id)
+        if item.id in state.done_ids:
+            counts.taken += 1
             counts.already_done += 1
             continue
-        yield record
+        owner = index_.claim(dedup_key(item, category), category.name)
+        if owner is not None:
+            counts.duplicates += 1
+            if owner != category.name:
+                counts.duplicates_across[owner] += 1
+            continue
+        counts.taken += 1
+        yield item
 
 
 def take(items: Iterator[PromptRecord | Reject], size: int) -> list[PromptRecord | Reject]:

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 
 from flows.client import EndpointClient
 from flows.concurrency import Lane, Limiter
+from flows.config import CategoryConfig
 from flows.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
-from flows.prompt_stream import Reject
+from flows.prompt_stream import Reject, dedup_key
 from flows.quality import TRUNCATED
+from flows.regen import regenerate
 from flows.rows import output_row, reject_row
 from flows.sampling import SamplingParams
 from flows.store import ShardWriter
-from prompts.records import Message, PromptRecord
+from prompts.records import PromptRecord
 
 log = logging.getLogger(__name__)
 
@@ -57,48 +59,49 @@ class CategorySink:
     tally: Tally
 
 
-def first_turn(messages: Sequence[Message]) -> list[Message]:
-    """System prompt(s) and the first user turn: what ``first_turn`` regeneration sends."""
-    prompt: list[Message] = []
-    for message in messages:
-        prompt.append(message)
-        if message.get("role") == "user":
-            return prompt
-    raise ValueError("no user turn")
-
-
 def _source(record: PromptRecord) -> dict[str, object]:
     return {"dataset": record.source.dataset, "split": record.source.split, "row": record.source.row}
 
 
 async def _ask(
-    record: PromptRecord, client: EndpointClient, sampling: SamplingParams, sink: CategorySink
+    record: PromptRecord,
+    client: EndpointClient,
+    category: CategoryConfig,
+    sampling: SamplingParams,
+    sink: CategorySink,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates."""
-    prompt = first_turn(record.messages)
+    prompt_hash = dedup_key(record, category)
     try:
-        generation = await client.generate(prompt, record.tools, sampling)
+        regenerated = await regenerate(record, client, sampling, category.mode)
     except FatalEndpointError:
         raise
     except PermanentRequestError as error:
-        _reject(record, sink, client, error, retryable=False)
+        _reject(record, sink, client, error, prompt_hash, retryable=False)
         return
     except TransientRequestError as error:
-        _reject(record, sink, client, error, retryable=True)
+        _reject(record, sink, client, error, prompt_hash, retryable=True)
         return
-    row = output_row(record, prompt, generation, sampling, client.endpoint)
+    row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
     sink.rows.add(row)
     tally = sink.tally
+    usage = regenerated.usage
     tally.rows += 1
     tally.truncated += TRUNCATED in row["flags"]
-    tally.prompt_tokens += generation.usage.prompt_tokens
-    tally.completion_tokens += generation.usage.completion_tokens
-    tally.reasoning_tokens += generation.usage.reasoning_tokens
-    tally.retried_attempts += generation.attempts - 1
+    tally.prompt_tokens += usage.prompt_tokens
+    tally.completion_tokens += usage.completion_tokens
+    tally.reasoning_tokens += usage.reasoning_tokens
+    tally.retried_attempts += regenerated.attempts - len(regenerated.generations)
 
 
 def _reject(
-    record: PromptRecord, sink: CategorySink, client: EndpointClient, error: RequestError, *, retryable: bool
+    record: PromptRecord,
+    sink: CategorySink,
+    client: EndpointClient,
+    error: RequestError,
+    prompt_hash: str,
+    *,
+    retryable: bool,
 ) -> None:
     attempts = getattr(error, "attempts", 1)
     sink.rejects.add(
@@ -112,6 +115,7 @@ def _reject(
             retryable=retryable,
             attempts=attempts,
             endpoint=client.endpoint,
+            prompt_hash=prompt_hash,
         )
     )
     sink.tally.count_reject(error.reason)
@@ -121,6 +125,7 @@ async def pump_shard(
     items: Sequence[PromptRecord | Reject],
     *,
     limiter: Limiter[EndpointClient],
+    category: CategoryConfig,
     sampling: SamplingParams,
     sink: CategorySink,
 ) -> None:
@@ -137,7 +142,7 @@ async def pump_shard(
 
     async def run(record: PromptRecord, lane: Lane[EndpointClient]) -> None:
         try:
-            await _ask(record, lane.endpoint, sampling, sink)
+            await _ask(record, lane.endpoint, category, sampling, sink)
         except FatalEndpointError as error:
             fatal.append(error)
         finally:

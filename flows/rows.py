@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flows.quality import quality_flags
-from flows.responses import Generation
+from flows.regen import Regenerated
 from flows.sampling import SamplingParams
 from flows.schema import normalize_message
-from prompts.records import Message, PromptRecord
+from prompts.records import PromptRecord
 
 DETAIL_LIMIT = 2000
 
@@ -27,33 +27,38 @@ def _now() -> datetime:
 
 def output_row(
     record: PromptRecord,
-    prompt: list[Message],
-    generation: Generation,
+    regenerated: Regenerated,
     sampling: SamplingParams,
     endpoint: str,
+    prompt_hash: str | None = None,
 ) -> dict[str, Any]:
-    """The stored row: the prompt as sent plus the regenerated assistant turn, with its provenance."""
+    """The stored row: the conversation as regenerated (prompt turns + new assistant turns)."""
+    usage = regenerated.usage
+    last = regenerated.generations[-1].message
     return {
         "id": record.id,
         "category": record.category,
+        "prompt_hash": prompt_hash,
         "source": {"dataset": record.source.dataset, "split": record.source.split, "row": record.source.row},
-        "messages": [normalize_message(m) for m in [*prompt, generation.message]],
+        "messages": [normalize_message(m) for m in regenerated.messages],
         "tools": json.dumps(record.tools, ensure_ascii=False) if record.tools else None,
-        "finish_reason": generation.finish_reason,
+        "finish_reason": regenerated.finish_reason,
+        "stop_reason": regenerated.stop_reason,
         "usage": {
-            "prompt_tokens": generation.usage.prompt_tokens,
-            "completion_tokens": generation.usage.completion_tokens,
-            "reasoning_tokens": generation.usage.reasoning_tokens,
-            "cached_tokens": generation.usage.cached_tokens,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "reasoning_tokens": usage.reasoning_tokens,
+            "cached_tokens": usage.cached_tokens,
         },
-        "model": generation.model,
+        "model": regenerated.model,
         "sampling": sampling.to_json(),
         "endpoint": endpoint,
-        "latency_s": generation.latency_s,
-        "ttft_s": generation.ttft_s,
-        "attempts": generation.attempts,
+        "latency_s": regenerated.latency_s,
+        "ttft_s": regenerated.ttft_s,
+        "attempts": regenerated.attempts,
+        "requests": len(regenerated.generations),
         "created_at": _now(),
-        "flags": quality_flags(generation.message, generation.finish_reason, record.tools),
+        "flags": quality_flags(last, regenerated.finish_reason, record.tools),
     }
 
 
@@ -69,11 +74,13 @@ def reject_row(
     attempts: int = 0,
     endpoint: str | None = None,
     detail: str | None = None,
+    prompt_hash: str | None = None,
 ) -> dict[str, Any]:
     """A reject: which prompt, at which stage (convert/request/validate), why, and whether to retry."""
     return {
         "id": record_id,
         "category": category,
+        "prompt_hash": prompt_hash,
         "source": dict(source),
         "stage": stage,
         "reason": reason,

@@ -18,6 +18,7 @@ from flows.console import LiveProgress, print_summary
 from flows.pipeline import run_plain
 from flows.session import RunSession
 from flows.status import RunStatus, run_status
+from sglang_launch.simulator import SimConfig
 
 QUIET_ENV = {
     "DO_NOT_TRACK": "1",
@@ -76,6 +77,11 @@ async def execute(
 
 
 DEMO_CONFIG = "demo.toml"
+
+
+def demo_sim_config() -> SimConfig:
+    """A GPU-sized simulated server (116k-token KV pool) at 1/10 of real time, with reasoning on."""
+    return SimConfig(port=0, time_scale=0.1, reasoning=True, stop_probability=0.8, log_level="warning")
 
 
 def demo_config(url: str, output_dir: Path) -> RunConfig:

@@ -39,10 +39,12 @@ ROW_FEATURES = Features(
     {
         "id": Value("string"),
         "category": Value("string"),
+        "prompt_hash": Value("string"),
         "source": SOURCE,
         "messages": List(MESSAGE),
         "tools": Value("string"),
         "finish_reason": Value("string"),
+        "stop_reason": Value("string"),
         "usage": USAGE,
         "model": Value("string"),
         "sampling": Value("string"),
@@ -50,6 +52,7 @@ ROW_FEATURES = Features(
         "latency_s": Value("float64"),
         "ttft_s": Value("float64"),
         "attempts": Value("int32"),
+        "requests": Value("int32"),
         "created_at": Value("timestamp[us, tz=UTC]"),
         "flags": List(Value("string")),
     }
@@ -59,6 +62,7 @@ REJECT_FEATURES = Features(
     {
         "id": Value("string"),
         "category": Value("string"),
+        "prompt_hash": Value("string"),
         "source": SOURCE,
         "stage": Value("string"),
         "reason": Value("string"),

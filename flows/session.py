@@ -21,7 +21,8 @@ from flows.config import CategoryConfig, RunConfig, fingerprint
 from flows.prompt_stream import PromptRecord, Reject, StreamCounts
 from flows.pump import CategorySink, Tally
 from flows.sampling import SamplingParams
-from flows.store import RunStore
+from flows.store import CategoryState, RunStore
+from prompts.dedup import DedupIndex
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,9 @@ class RunSession:
         self.started = time.monotonic()
         self.categories: dict[str, CategoryRun] = {}
         self.shards: dict[tuple[str, int], list[PromptRecord | Reject]] = {}
+        self.states: dict[str, CategoryState] = {}
+        self.pipeline_started: float | None = None
+        self.dedup = DedupIndex()
         self.reporters: list[Reporter] = []
         self.resumed = False
         self.model = ""
@@ -172,6 +176,19 @@ class RunSession:
             self.categories[name] = CategoryRun(cfg, sampling_for(self.config, cfg), sink)
         return self.categories[name]
 
+    def load_states(self) -> None:
+        """Read what every category already has, and claim its prompts for cross-category dedup.
+
+        All categories are read before any streams, so a prompt already answered in one category is
+        never asked again in another on resume, whatever order the categories then run in.
+        """
+        self.pipeline_started = time.monotonic()
+        for category in self.config.categories:
+            state = self.store.category_state(category.name)
+            self.states[category.name] = state
+            for key in state.prompt_hashes:
+                self.dedup.claim(key, category.name)
+
     def tallies(self) -> dict[str, Tally]:
         return {name: run.sink.tally for name, run in self.categories.items()}
 
@@ -203,7 +220,8 @@ class RunSession:
             await self.report()
 
     def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
+        """Seconds since the first prompt was read (orchestrator start-up is not generation time)."""
+        return time.monotonic() - (self.pipeline_started or self.started)
 
     def snapshot(self) -> dict[str, Any]:
         """Numbers for progress displays and artifacts."""

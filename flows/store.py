@@ -129,6 +129,8 @@ class CategoryState:
     row_ids: set[str] = field(default_factory=set)
     final_reject_ids: set[str] = field(default_factory=set)
     retryable_reject_ids: set[str] = field(default_factory=set)
+    prompt_hashes: set[str] = field(default_factory=set)
+    """Dedup keys of the prompts this category already holds (rows and final rejects)."""
 
     @property
     def done_ids(self) -> set[str]:
@@ -214,22 +216,26 @@ class RunStore:
             log.warning("unreadable shard %s moved to %s: %s", path, target, error)
             return None
 
-    def _ids(self, folder: Path) -> Iterator[str]:
-        for path in shard_files(folder):
-            table = self._read_columns(path, ["id"])
-            if table is not None:
-                yield from table.column("id").to_pylist()
-
     def category_state(self, category: str) -> CategoryState:
-        state = CategoryState(row_ids=set(self._ids(self.data_dir(category))))
+        state = CategoryState()
+        for path in shard_files(self.data_dir(category)):
+            table = self._read_columns(path, ["id", "prompt_hash"])
+            if table is not None:
+                state.row_ids.update(table.column("id").to_pylist())
+                state.prompt_hashes.update(h for h in table.column("prompt_hash").to_pylist() if h)
         for path in shard_files(self.rejects_dir(category)):
-            table = self._read_columns(path, ["id", "retryable"])
+            table = self._read_columns(path, ["id", "retryable", "prompt_hash"])
             if table is None:
                 continue
-            for rid, retryable in zip(
-                table.column("id").to_pylist(), table.column("retryable").to_pylist(), strict=True
+            for rid, retryable, key in zip(
+                *(table.column(name).to_pylist() for name in ("id", "retryable", "prompt_hash")), strict=True
             ):
-                (state.retryable_reject_ids if retryable else state.final_reject_ids).add(rid)
+                if retryable:
+                    state.retryable_reject_ids.add(rid)
+                else:
+                    state.final_reject_ids.add(rid)
+                    if key:
+                        state.prompt_hashes.add(key)
         return state
 
     def categories_on_disk(self) -> list[str]:

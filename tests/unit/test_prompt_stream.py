@@ -3,6 +3,7 @@ from __future__ import annotations
 from flows.config import CategoryConfig
 from flows.prompt_stream import Reject, StreamCounts, category_items, take
 from flows.store import CategoryState
+from prompts.dedup import DedupIndex
 from prompts.records import PromptRecord
 
 
@@ -55,9 +56,97 @@ def test_unconvertible_rows_become_rejects_once_with_a_reason_and_stable_id() ->
     done = CategoryState(final_reject_ids={r.row["id"] for r in rejects})
     again = list(category_items(CATEGORY, done, StreamCounts(), rows=rows))
     assert not [i for i in again if isinstance(i, Reject)]
-    assert counts.rejected == 2
+    assert counts.rejected.total() == 2
 
 
 def test_take_cuts_shards_lazily() -> None:
     items = category_items(CATEGORY, CategoryState(), StreamCounts(), rows=_rows(5))
     assert [len(take(items, 2)) for _ in range(4)] == [2, 2, 1, 0]
+
+
+def _ids(items: list) -> list[str]:
+    return [i.id for i in items if isinstance(i, PromptRecord)]
+
+
+def test_fraction_quota_is_stable_whatever_the_order() -> None:
+    sampled = CategoryConfig.model_validate({**CATEGORY.model_dump(), "quota": {"fraction": 0.5, "seed": 7}})
+    forward = _ids(list(category_items(sampled, CategoryState(), StreamCounts(), rows=_rows(200))))
+    backward = _ids(list(category_items(sampled, CategoryState(), StreamCounts(), rows=_rows(200)[::-1])))
+    assert sorted(forward) == sorted(backward)
+    assert 70 < len(forward) < 130
+    other_seed = CategoryConfig.model_validate(
+        {**sampled.model_dump(), "quota": {"fraction": 0.5, "seed": 8}}
+    )
+    assert set(
+        _ids(list(category_items(other_seed, CategoryState(), StreamCounts(), rows=_rows(200))))
+    ) != set(forward)
+
+
+def test_count_quota_takes_exactly_count_rows_stably() -> None:
+    sampled = CategoryConfig.model_validate({**CATEGORY.model_dump(), "quota": {"count": 10, "seed": 1}})
+    counts = StreamCounts()
+    first = _ids(
+        list(category_items(sampled, CategoryState(), counts, rows=_rows(100), rows_again=lambda: _rows(100)))
+    )
+    shuffled = _rows(100)[50:] + _rows(100)[:50]
+    second = _ids(
+        list(
+            category_items(
+                sampled, CategoryState(), StreamCounts(), rows=shuffled, rows_again=lambda: shuffled
+            )
+        )
+    )
+    assert len(first) == 10 and sorted(first) == sorted(second)
+    assert counts.not_sampled == 90
+
+
+def test_dedup_normalised_text_within_and_across_categories() -> None:
+    rows = [
+        (0, {"id": "a", "messages": [{"role": "user", "content": "What is  2+2?"}]}),
+        (1, {"id": "b", "messages": [{"role": "user", "content": "What is 2+2? "}]}),
+        (2, {"id": "c", "messages": [{"role": "user", "content": "what is 2+2?"}]}),
+    ]
+    index = DedupIndex()
+    counts = StreamCounts()
+    assert _ids(list(category_items(CATEGORY, CategoryState(), counts, rows=rows, dedup=index))) == ["a", "c"]
+    assert counts.duplicates == 1
+    other = CategoryConfig(name="other", source="x.jsonl", format="messages")
+    other_counts = StreamCounts()
+    rows_b = [(0, {"id": "z", "messages": [{"role": "user", "content": "What is 2+2?"}]})]
+    assert _ids(list(category_items(other, CategoryState(), other_counts, rows=rows_b, dedup=index))) == []
+    assert other_counts.duplicates_across == {"chat": 1}
+
+
+def test_filters_are_counted_by_reason_before_conversion() -> None:
+    cat = CategoryConfig(
+        name="code", source="x.jsonl", format="opencodeinstruct", filters={"min_average_test_score": 0.5}
+    )
+    rows = [
+        (i, {"id": f"o{i}", "input": f"write f{i}", "output": "", "average_test_score": score})
+        for i, score in enumerate(["0.9", "0.1", "oops"])
+    ]
+    counts = StreamCounts()
+    assert _ids(list(category_items(cat, CategoryState(), counts, rows=rows))) == ["o0"]
+    assert counts.filtered.total() == 2
+    assert [n for _, n in counts.steps()][:3] == [3, 1, 1]
+
+
+def test_system_prompt_override_and_tools_off() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    rows = [
+        (
+            0,
+            {
+                "id": "s",
+                "tools": tools,
+                "messages": [{"role": "system", "content": "old"}, {"role": "user", "content": "hi"}],
+            },
+        )
+    ]
+    cat = CategoryConfig(
+        name="c", source="x.jsonl", format="messages", system_prompt="Be brief.", send_tools=False
+    )
+    (record,) = list(category_items(cat, CategoryState(), StreamCounts(), rows=rows))
+    assert isinstance(record, PromptRecord)
+    assert record.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert record.tools is None

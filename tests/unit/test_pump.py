@@ -8,7 +8,8 @@ import pytest
 from flows.concurrency import FixedLimit, Lane, Limiter
 from flows.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
 from flows.prompt_stream import Reject
-from flows.pump import CategorySink, RunAborted, Tally, first_turn, pump_shard
+from flows.config import CategoryConfig
+from flows.pump import CategorySink, RunAborted, Tally, pump_shard
 from flows.responses import Generation, Usage
 from flows.rows import reject_row
 from flows.sampling import SamplingParams
@@ -71,6 +72,9 @@ def _record(i: int, text: str) -> PromptRecord:
     )
 
 
+CATEGORY = CategoryConfig(name="c", source="x.jsonl", format="messages")
+
+
 def _sink(tmp_path: Path) -> CategorySink:
     store = RunStore(tmp_path)
     return CategorySink(
@@ -78,13 +82,6 @@ def _sink(tmp_path: Path) -> CategorySink:
         rejects=store.reject_writer("c", flush_rows=1000, flush_seconds=1000),
         tally=Tally(),
     )
-
-
-def test_first_turn_keeps_system_and_first_user_only() -> None:
-    assert first_turn(_record(0, "q").messages) == [
-        {"role": "system", "content": "sys"},
-        {"role": "user", "content": "q"},
-    ]
 
 
 async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> None:
@@ -104,7 +101,9 @@ async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> Non
             )
         )
     )
-    await pump_shard(items, limiter=limiter, sampling=SamplingParams(max_tokens=8), sink=sink)
+    await pump_shard(
+        items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+    )
     assert client.peak == 4 and limiter.in_flight == 0
     rows = {r["id"]: r for r in sink.rows._rows}
     rejects = {r["id"]: r for r in sink.rejects._rows}
@@ -128,7 +127,9 @@ async def test_fatal_endpoint_error_aborts_without_rejecting(tmp_path: Path) -> 
     sink = _sink(tmp_path)
     items = [_record(0, "key")] + [_record(i, "ok") for i in range(1, 50)]
     with pytest.raises(RunAborted, match="401"):
-        await pump_shard(items, limiter=limiter, sampling=SamplingParams(max_tokens=8), sink=sink)
+        await pump_shard(
+            items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+        )
     assert sink.rejects.pending == 0
     assert sink.tally.rows < 49
     assert limiter.in_flight == 0

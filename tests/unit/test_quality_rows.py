@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 from flows.quality import quality_flags
+from flows.regen import Regenerated
 from flows.responses import Generation, Usage
 from flows.rows import output_row, raw_row_id, reject_row
 from flows.sampling import SamplingParams
@@ -50,8 +51,10 @@ def test_output_row_follows_the_contract() -> None:
         attempts=2,
     )
     sampling = SamplingParams(max_tokens=9, chat_template_kwargs={"thinking": True})
-    row = output_row(record, record.messages, generation, sampling, "http://127.0.0.1:1")
-    assert row["id"] == "p1" and row["category"] == "chat"
+    regenerated = Regenerated(messages=[*record.messages, generation.message], generations=[generation])
+    row = output_row(record, regenerated, sampling, "http://127.0.0.1:1", "key1")
+    assert row["id"] == "p1" and row["category"] == "chat" and row["prompt_hash"] == "key1"
+    assert row["stop_reason"] is None and row["requests"] == 1
     assert row["source"] == {"dataset": "ds", "split": "train", "row": 7}
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
     assert row["messages"][1]["reasoning_content"] == "greet back"
