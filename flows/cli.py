@@ -15,6 +15,7 @@ from flows.runner import configure, demo_config, demo_sim_config, execute, reset
 from flows.session import ConfigProblem
 from flows.status import run_status
 from flows.store import FingerprintMismatch
+from sglang_launch import cli as gpu_cli
 
 app = typer.Typer(
     help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
@@ -108,6 +109,8 @@ def sim(ctx: typer.Context) -> None:
 
     serve(config_from_args(list(ctx.args)))
 
+
+app.add_typer(gpu_cli.app)
 
 if __name__ == "__main__":
     app()

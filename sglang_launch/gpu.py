@@ -1,0 +1,139 @@
+"""Read the GPUs through NVML (nvidia-ml-py) into plain dataclasses.
+
+This is the only module that imports ``pynvml``: everything that judges the numbers works on the
+dataclasses below, so it is testable without a GPU (tests monkeypatch the ``pynvml`` functions) and
+the same judgements apply to a saved ``nvidia-smi`` CSV (:mod:`sglang_launch.gpu_csv`).
+
+GPU indices are NVML's, the same as ``nvidia-smi``'s; they ignore ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pynvml
+
+# Command-line flags whose value is a secret (``--api-key X``, ``--hf-token=X``): a process list
+# printed for people must not leak a server's API key. Whole words only, so ``--max-total-tokens``
+# and ``--tokenizer-path`` keep their values.
+_SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passwd"})
+REDACTED = "***"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding memory on a GPU; ``name``/``cmdline`` are empty when /proc cannot see it
+    (another container or PID namespace). ``used_bytes`` is None when the driver will not say."""
+
+    pid: int
+    name: str
+    cmdline: str
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU's memory, as nvidia-smi shows it."""
+
+    index: int
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """All GPUs at one moment, and where the numbers came from (``nvml`` or a CSV file)."""
+
+    gpus: tuple[GpuInfo, ...]
+    source: str
+    driver_version: str | None = None
+    has_process_info: bool = True
+
+
+class GpuUnavailableError(RuntimeError):
+    """NVML cannot be used here (no NVIDIA driver, no GPU, no permission): one line for people."""
+
+
+def redact_cmdline(argv: list[str]) -> list[str]:
+    """Hide the values of secret-looking flags (``--api-key``, ``--hf-token`` ...)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif eq and _is_secret_flag(flag):
+            out.append(f"{flag}={REDACTED}")
+        else:
+            out.append(arg)
+            hide_next = _is_secret_flag(arg)
+    return out
+
+
+def _is_secret_flag(arg: str) -> bool:
+    return arg.startswith("-") and not _SECRET_WORDS.isdisjoint(re.split(r"[-_]+", arg.lower().lstrip("-")))
+
+
+def describe_process(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, str]:
+    """``(name, redacted command line)`` of ``pid`` from /proc; empty strings when it is not visible."""
+    base = proc_root / str(pid)
+    try:
+        name = (base / "comm").read_text().strip()
+        raw = (base / "cmdline").read_bytes()
+    except OSError:
+        return "", ""
+    argv = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    return name, " ".join(redact_cmdline(argv))
+
+
+def read_gpus(proc_root: Path = Path("/proc")) -> GpuSnapshot:
+    """Query every GPU's memory and the processes holding it.
+
+    Raises :class:`GpuUnavailableError` (never a raw NVML traceback) when NVML is unusable.
+    """
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailableError(
+            f"cannot read NVIDIA GPUs through NVML: {exc} (is the NVIDIA driver installed?)"
+        ) from exc
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        gpus = tuple(_read_one(i, proc_root) for i in range(pynvml.nvmlDeviceGetCount()))
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailableError(f"NVML query failed: {exc}") from exc
+    finally:
+        pynvml.nvmlShutdown()
+    if not gpus:
+        raise GpuUnavailableError("NVML found no NVIDIA GPU")
+    return GpuSnapshot(gpus=gpus, source="nvml", driver_version=driver)
+
+
+def _read_one(index: int, proc_root: Path) -> GpuInfo:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    seen: dict[int, GpuProcess] = {}
+    for query in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+        for proc in query(handle):
+            if proc.pid not in seen:  # a process can be both compute and graphics: count it once
+                name, cmdline = describe_process(proc.pid, proc_root)
+                seen[proc.pid] = GpuProcess(proc.pid, name, cmdline, proc.usedGpuMemory)
+    return GpuInfo(
+        index=index,
+        name=_text(pynvml.nvmlDeviceGetName(handle)),
+        total_bytes=int(mem.total),
+        used_bytes=int(mem.used),
+        free_bytes=int(mem.free),
+        processes=tuple(sorted(seen.values(), key=lambda p: p.pid)),
+    )
+
+
+def _text(value: str | bytes) -> str:
+    """Old nvidia-ml-py releases return bytes, new ones str."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,336 @@
+"""`diagnose`: verdicts with their numbers, on real CPU-server logs, on a log written in the seeds'
+numbers, and on small synthetic logs for each bound; plus the command's output and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sglang_launch import cli
+from sglang_launch.diagnose import VERDICT_MEANINGS, Diagnosis, diagnose
+from sglang_launch.gpu import GpuInfo, GpuProcess, GpuSnapshot, GpuUnavailableError
+from sglang_launch.gpu_csv import parse_gpu_csv
+from sglang_launch.logparse import parse_log
+from sglang_launch.memory_math import GIB
+
+REAL = Path(__file__).parent.parent / "fixtures" / "sglang-0.5.23"
+LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
+runner = CliRunner()
+
+
+def seeds_gpus() -> GpuSnapshot:
+    return parse_gpu_csv((LOGS / "seeds_nvidia_smi.csv").read_text(), source="nvidia-smi csv")
+
+
+def run(text: str, gpus: GpuSnapshot | None = None, **options: object) -> Diagnosis:
+    return diagnose(parse_log(text), gpus, **options)  # type: ignore[arg-type]
+
+
+def synthetic(
+    rows: list[tuple[int, int, float]],
+    *,
+    cap: int = 64,
+    chunk: int = 8192,
+    prefill_tokens: int = 2000,
+    retractions: int = 0,
+    admitted: int = 10,
+) -> str:
+    """A 0.5.x log: startup capacity, then one decode line per (running, queued, usage) row."""
+    pool = 100_000
+    lines = [
+        "[2026-01-01 10:00:00] server_args={'mem_fraction_static': 0.88, 'tp_size': 1, "
+        f"'max_running_requests': {cap}, 'chunked_prefill_size': {chunk}, 'kv_cache_dtype': 'auto'}}",
+        f"[2026-01-01 10:00:01] max_total_num_tokens={pool}, chunked_prefill_size={chunk}, "
+        f"max_prefill_tokens=16384, max_running_requests={cap}, context_len=32768, available_gpu_mem=9.00 GB",
+        "[2026-01-01 10:00:02] The server is fired up and ready to roll!",
+    ]
+    for i in range(admitted):
+        lines.append(
+            f"[2026-01-01 10:00:03] Prefill batch, #new-seq: 1, #new-token: {prefill_tokens}, "
+            "#cached-token: 0, token usage: 0.50, #running-req: 1, #queue-req: 1, #pending-token: 0, "
+            "cuda graph: False, input throughput (token/s): 1000.00"
+        )
+        if i < retractions:
+            lines.append(
+                "[2026-01-01 10:00:03] KV cache pool is full. Retract requests. #retracted_reqs: 1, "
+                "#new_tokens_gained: 300, #new_token_ratio: 0.3000 -> 0.8000"
+            )
+    for second, (running, queued, usage) in enumerate(rows, start=10):
+        lines.append(
+            f"[2026-01-01 10:01:{second:02d}] Decode batch, #running-req: {running}, "
+            f"#token: {round(usage * pool)}, token usage: {usage:.2f}, cuda graph: True, "
+            f"gen throughput (token/s): 1500.00, #queue-req: {queued}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --- the seeds: a KV-bound server, two days of doing this by hand -----------------------------
+def test_seeds_log_is_kv_bound_with_the_seeds_numbers() -> None:
+    result = run((LOGS / "seeds_kv_bound_tp8.log").read_text(), seeds_gpus(), concurrency=150)
+    assert result.verdict == "kv_bound"
+    assert result.headline == "KV-bound: 46-56 running of 150 sent, 100 queued, token usage 0.85-0.96"
+    assert result.exit_code == 1
+    assert result.advice[0] == (
+        "--mem-fraction-static 0.85 -> 0.88 adds ~2.9 GiB of KV per GPU, ~63,638 tokens (~6 more running "
+        "requests at ~10,267 tokens each); margin ~2.2 GiB free per GPU (5.1 GiB free now - 2.9 GiB). 0.90 "
+        "would add ~4.8 GiB but leave ~317 MiB: too little for activation peaks and CUDA graphs (expect CUDA "
+        "out of memory). If 0.88 fails at startup (CUDA graph capture), lower --cuda-graph-max-bs."
+    )
+    safe, too_far = result.headroom
+    assert (safe.current, safe.proposed, too_far.proposed) == (0.85, 0.88, 0.90)
+    assert safe.basis_bytes == round(95.10 * GIB)  # SGLang's "Load weight begin. avail mem"
+    assert result.memory.bytes_per_token == 48_137  # 25.68 GiB / 572,812 tokens, as logged (2 decimals)
+    assert "retractions: 1 (1 request evicted and recomputed)" in result.evidence
+    assert any(
+        a.startswith("--kv-cache-dtype fp8_e4m3") and "572,812 -> ~1,145,624" in a for a in result.advice
+    )
+    assert any(a.startswith("The client keeps 150 requests in flight but ~50 run") for a in result.advice)
+    assert any("hierarchical cache" in a and "not the number of requests" in a for a in result.advice)
+
+
+def test_without_a_gpu_snapshot_the_advice_says_what_is_missing() -> None:
+    result = run((LOGS / "seeds_kv_bound_tp8.log").read_text())
+    assert result.headline == (
+        "KV-bound: 46-56 running of ~158 in flight (running + queued, peak), 100 queued, "
+        "token usage 0.85-0.96"
+    )
+    assert result.headroom == ()
+    assert result.advice[0] == (
+        "Give the KV cache more memory (--mem-fraction-static); to compute how much, this needs GPU free "
+        "memory (pass --gpu-csv, or run on the GPU host)."
+    )
+
+
+def test_no_room_left_to_raise_the_fraction() -> None:
+    tight = GpuSnapshot(
+        gpus=(GpuInfo(0, "", 100 * GIB, 99 * GIB, GIB),), source="test", has_process_info=False
+    )
+    result = run((LOGS / "seeds_kv_bound_tp8.log").read_text(), tight)
+    assert result.advice[0].startswith(
+        "No room to raise --mem-fraction-static 0.85: only 1.0 GiB free per GPU, "
+        "and 2.0 GiB should stay free."
+    )
+
+
+# --- real CPU SGLang logs ---------------------------------------------------------------------
+def test_real_main_log_is_kv_bound() -> None:
+    result = run((REAL / "server_main.log").read_text())
+    assert result.verdict == "kv_bound"
+    assert result.headline == (
+        "KV-bound: 3-10 running of ~64 in flight (running + queued, peak), 22 queued, token usage 0.33-0.95"
+    )
+    assert result.load is not None
+    assert (result.load.retractions, result.load.admitted, result.load.running_cap) == (3, 72, 16)
+    assert "--max-total-tokens 4,096 caps the KV pool" in result.advice[1]
+    assert "generation requests answered (HTTP status x count): 200 x 67, 400 x 5" in result.evidence
+
+
+def test_real_queue_full_log_is_running_cap_bound_and_mentions_the_503s() -> None:
+    result = run((REAL / "server_queuefull.log").read_text())
+    assert result.verdict == "running_cap_bound"
+    assert result.headline == (
+        "Running-cap-bound: 1-2 running = --max-running-requests 2, 0 queued, only token usage 0.03-0.41"
+    )
+    assert result.advice[0] == (
+        "Raise --max-running-requests 2 -> ~4: at 2 running the KV pool is only 41% used, "
+        "so ~4 fit before it reaches 85%."
+    )
+    assert result.advice[-1].startswith("5 requests got HTTP 503 (request queue full, --max-queued-requests)")
+
+
+def test_a_log_without_load_is_idle() -> None:
+    result = run((REAL / "log_startup_kv_capacity.txt").read_text())
+    assert (result.verdict, result.exit_code, result.load) == ("idle", 1, None)
+    assert (
+        result.evidence[0]
+        == "startup: 4,096 tokens KV pool, max_running_requests 16, context_len 1,024, server ready"
+    )
+
+
+# --- each bound on a synthetic log ------------------------------------------------------------
+def test_retraction_bound() -> None:
+    result = run(synthetic([(30, 20, 0.97)] * 10, admitted=20, retractions=5))
+    assert result.verdict == "retraction_bound"
+    assert result.headline.startswith(
+        "Retraction-bound: 5 retractions evicted 5 running requests (of 20 admitted)"
+    )
+    assert "--schedule-conservativeness (1 -> 1.3)" in result.advice[0]
+
+
+def test_a_few_retractions_do_not_make_it_retraction_bound() -> None:
+    assert run(synthetic([(30, 20, 0.97)] * 10, admitted=100, retractions=3)).verdict == "kv_bound"
+
+
+def test_prefill_bound() -> None:
+    result = run(synthetic([(10, 30, 0.40)] * 10, prefill_tokens=8192))
+    assert result.verdict == "prefill_bound"
+    assert result.headline == (
+        "Prefill-bound: prefill batches are full chunks (median 8,192 of 8,192 tokens), 30 queued, "
+        "token usage 0.40, 10 running"
+    )
+    assert result.advice[0].startswith("Raise --chunked-prefill-size 8192 -> 16384")
+
+
+def test_reservation_bound() -> None:
+    result = run(synthetic([(10, 30, 0.40)] * 10, prefill_tokens=900))
+    assert result.verdict == "reservation_bound"
+    assert result.headline.startswith("Admission-bound: 30 queued while token usage 0.40 and 10 running")
+    assert result.advice[0].startswith("Send realistic max_tokens per category")
+
+
+def test_starved_server_and_a_client_that_does_not_deliver() -> None:
+    result = run(synthetic([(8, 0, 0.20)] * 10), concurrency=150)
+    assert result.verdict == "starved"
+    assert (
+        result.headline
+        == "Starved: 8 running of 150 sent, 0 queued, token usage 0.20: the server waits for work"
+    )
+    assert result.advice[0].startswith("The client says 150 in flight but the server saw at most 8")
+    plain = run(synthetic([(8, 0, 0.20)] * 10))
+    assert plain.advice[0].startswith("Raise the client's concurrency")
+    assert "~32 more requests of ~2,500 tokens fit" in plain.advice[0]
+
+
+def test_healthy_server_with_a_short_ready_queue() -> None:
+    result = run(synthetic([(50, 3, 0.92)] * 10))
+    assert (result.verdict, result.exit_code, result.advice) == ("healthy", 0, ())
+    assert (
+        result.headline
+        == "Healthy: 50 running of ~53 in flight (running + queued, peak), 3 queued, token usage 0.92"
+    )
+
+
+def test_saturated_server_is_healthy_but_the_long_queue_only_adds_latency() -> None:
+    result = run(synthetic([(64, 40, 0.93)] * 10, cap=64))
+    assert (result.verdict, result.exit_code) == ("healthy", 0)
+    assert result.advice == (
+        "The client keeps 104 requests in flight but ~64 run: a client limit of ~77 gives the same "
+        "throughput with shorter waits (the server queue only adds latency).",
+    )
+
+
+def test_only_the_lowest_rank_is_read_when_several_ranks_log_batches() -> None:
+    text = synthetic([(10, 30, 0.95)] * 5)
+    other = "[2026-01-01 10:02:00 DP1 TP8] Decode batch, #running-req: 99, token usage: 0.10, #queue-req: 0\n"
+    result = run(text.replace("] Decode", " DP0 TP0] Decode") + other)
+    assert result.load is not None
+    assert (result.load.running.high, result.load.reporter) == (10, "DP0 TP0 (of 2 reporting ranks)")
+
+
+# --- failures ---------------------------------------------------------------------------------
+def test_seeds_nccl_session_explains_max_total_num_tokens_below_zero() -> None:
+    idle = parse_gpu_csv((LOGS / "seeds_nvidia_smi_idle.csv").read_text())
+    result = run((LOGS / "seeds_nccl_not_enough_memory.log").read_text(), idle)
+    assert (result.verdict, result.exit_code) == ("failure", 1)
+    assert result.failure is not None and result.failure.kind == "kv_memory"
+    assert result.headline == (
+        "Failed at startup (kv_memory): RuntimeError: Not enough memory. "
+        "Please try to increase --mem-fraction-static."
+    )
+    assert result.advice[0].startswith(
+        "Loading took 79.3 GiB on TP3 but the weights are 55.16 GiB: 24.1 GiB more was allocated meanwhile"
+    )
+    assert "CUDA/NCCL initialisation had already taken 2.96 GiB before loading" in result.advice[0]
+    assert "must be above 1 - 13.29/92.56 = 0.856 (it was 0.85)" in result.advice[1]
+    assert result.advice[2].startswith("No GPU memory was left for the KV cache (max_total_num_tokens <= 0)")
+    assert "TP0-TP7: taken by CUDA/NCCL init 3.0 GiB, free before loading 92.6 GiB" in " ".join(
+        result.evidence
+    )
+
+
+def test_failure_with_a_stale_process_says_to_free_the_gpus_first() -> None:
+    stale = GpuProcess(4242, "python3", "python3 -m sglang.launch_server", 70 * GIB)
+    gpus = GpuSnapshot(
+        gpus=(
+            GpuInfo(0, "H100", 80 * GIB, 71 * GIB, 9 * GIB, (stale,)),
+            GpuInfo(1, "H100", 80 * GIB, GIB // 2, 80 * GIB - GIB // 2),
+        ),
+        source="nvml",
+    )
+    result = run((LOGS / "seeds_nccl_not_enough_memory.log").read_text(), gpus)
+    assert result.advice[0].startswith(
+        "First free the GPUs: PID 4242 holds 70.0 GiB on GPU 0: python3 -m sglang.launch_server; "
+        "free memory is unbalanced: GPU 0 has 9.0 GiB free, GPU 1 79.5 GiB"
+    )
+    assert result.advice[0].endswith("SGLang refuses to start (newer versions: warns) below 90%.")
+
+
+def test_hierarchical_cache_host_memory_per_rank() -> None:
+    result = run((LOGS / "seeds_hicache_host_memory.log").read_text())
+    assert result.failure is not None and result.failure.kind == "host_memory"
+    assert result.advice[0].startswith("--hicache-size 48 GB on each of 8 GPU ranks = 384 GB of host RAM")
+
+
+# --- the command ------------------------------------------------------------------------------
+@pytest.fixture
+def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unavailable() -> GpuSnapshot:
+        raise GpuUnavailableError("cannot read NVIDIA GPUs through NVML: NVML Shared Library Not Found")
+
+    monkeypatch.setattr(cli, "read_gpus", unavailable)
+
+
+def test_diagnose_command_text(no_nvml: None) -> None:
+    args = ["diagnose", str(LOGS / "seeds_kv_bound_tp8.log"), "--gpu-csv", str(LOGS / "seeds_nvidia_smi.csv")]
+    result = runner.invoke(cli.app, [*args, "--concurrency", "150"], env={"COLUMNS": "300"})
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == "KV-bound: 46-56 running of 150 sent, 100 queued, token usage 0.85-0.96"
+    assert lines[1].startswith("Requests wait in the server's queue because the KV cache")
+    assert lines[2] == "Evidence:"
+    assert "  1. --mem-fraction-static 0.85 -> 0.88 adds ~2.9 GiB of KV per GPU" in result.output
+    assert "sk-seed-secret-do-not-print" not in result.output
+
+
+def test_diagnose_command_json_and_no_gpu(no_nvml: None) -> None:
+    result = runner.invoke(cli.app, ["diagnose", str(REAL / "server_main.log"), "--json"])
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert doc["verdict"] == "kv_bound"
+    assert doc["load"]["running"] == {"low": 3, "median": 8, "high": 10}
+    assert "GPUs: no snapshot (no NVML here and no --gpu-csv)" in doc["evidence"]
+
+
+def test_diagnose_command_options_override_the_log(no_nvml: None) -> None:
+    args = [
+        "diagnose",
+        str(REAL / "server_main.log"),
+        "--mem-fraction",
+        "0.8",
+        "--bytes-per-token",
+        "512",
+        "--json",
+    ]
+    doc = json.loads(runner.invoke(cli.app, args).output)
+    assert doc["memory"]["fraction"] == 0.8 and doc["memory"]["bytes_per_token"] == 512
+
+
+def test_diagnose_command_healthy_exit_code_and_missing_file(no_nvml: None, tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(synthetic([(50, 3, 0.92)] * 10))
+    assert runner.invoke(cli.app, ["diagnose", str(log)]).exit_code == 0
+    missing = runner.invoke(cli.app, ["diagnose", str(tmp_path / "nope.log")])
+    assert missing.exit_code == 2
+    assert "cannot read" in missing.output and "Traceback" not in missing.output
+
+
+def test_last_minutes_judges_only_the_end_of_a_long_log() -> None:
+    early = synthetic([(8, 0, 0.20)] * 10)  # 10:01:10-10:01:19: starved
+    late = "".join(
+        f"[2026-01-01 11:00:{i:02d}] Decode batch, #running-req: 30, #token: 97000, token usage: 0.97, "
+        "cuda graph: True, gen throughput (token/s): 900.00, #queue-req: 40\n"
+        for i in range(10)
+    )
+    whole = run(early + late)
+    assert whole.load is not None and whole.load.lines == 20
+    result = run(early + late, last_minutes=5)
+    assert result.verdict == "kv_bound"
+    assert result.load is not None and result.load.lines == 10
+
+
+def test_every_verdict_has_a_plain_words_meaning() -> None:
+    verdicts = {"kv_bound", "retraction_bound", "running_cap_bound", "prefill_bound", "reservation_bound"}
+    assert set(VERDICT_MEANINGS) == verdicts | {"starved", "healthy", "failure", "idle"}
