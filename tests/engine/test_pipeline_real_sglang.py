@@ -1,0 +1,139 @@
+"""`datagen run` against the REAL SGLang 0.5.23 scheduler (CPU, tiny random model, KV pool 4096 tokens).
+
+Proves the client and store against the genuine admission, retraction, streaming format and error
+bodies: every prompt ends as exactly one row or one reject, and kill -9 + rerun loses and duplicates
+nothing. Also runs under a real `prefect server start` (PREFECT_API_URL) and checks what the UI sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from datasets import load_dataset
+
+from engine_support import needs_sglang, tiny_sglang
+from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
+from sglang_launch.engine import LaunchedEngine
+from sglang_launch.launcher import free_port
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900), needs_sglang]
+
+
+@pytest.fixture(scope="module")
+def sglang_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    engine = LaunchedEngine(tiny_sglang(tmp_path_factory.mktemp("sglang-logs")))
+    with engine:
+        engine.ensure_running()
+        yield engine.url
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `prefect server start` on a free port, with its own database; stopped at the end."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port("127.0.0.1")
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_UI_ENABLED": "false",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("prefect server did not come up in 120 s")
+        yield url
+    finally:
+        kill_group(proc)
+
+
+def _config(tmp_path: Path, url: str, name: str, count: int, *, max_tokens: int) -> tuple[Path, int]:
+    source = tmp_path / f"{name}.jsonl"
+    good = write_prompts(source, count, bad_every=50, long_every=67)
+    config = write_config(tmp_path / f"{name}.toml", name=name, output_dir=tmp_path, url=url, source=source)
+    config.write_text(
+        config.read_text()
+        .replace("max_tokens = 64", f"max_tokens = {max_tokens}")
+        .replace("limit = 64", "limit = 32")
+        .replace("shard_prompts = 250", "shard_prompts = 100")
+    )
+    return config, good
+
+
+def test_200_prompts_through_real_sglang_under_a_prefect_server(
+    tmp_path: Path, sglang_url: str, prefect_api: str
+) -> None:
+    config, good = _config(tmp_path, sglang_url, "real200", 200, max_tokens=48)
+    proc = datagen("run", str(config), env={"PREFECT_API_URL": prefect_api})
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out.decode()[-4000:]
+    check = check_run(tmp_path / "real200")
+    assert check.corrupt_files == [] and check.duplicates == 0
+    assert len(check.row_ids) + len(check.reject_ids) == 200
+    too_long = {
+        r: n for r, n in check.reject_reasons.items() if "longer than the model's context length" in r
+    }
+    assert sum(too_long.values()) == 2  # rows 66 and 133: the real server's 400, recorded, never retried
+    assert check.reject_reasons["no user turn"] == 200 - good
+    assert len(check.row_ids) == good - 2
+    ds = load_dataset("parquet", data_dir=str(tmp_path / "real200" / "data"), split="train")
+    assert set(ds["finish_reason"]) <= {"stop", "length"}
+    assert all(1 <= u["completion_tokens"] <= 48 for u in ds["usage"])
+    assert all(m[-1]["role"] == "assistant" and m[-1]["content"] for m in ds["messages"])
+    assert all(ttft is not None and ttft > 0 for ttft in ds["ttft_s"])
+    assert set(ds["model"]) == {"tinyllm"}
+    # what the Prefect UI shows: one completed flow run named after the run, a subflow, shard tasks
+    runs = httpx.post(f"{prefect_api}/flow_runs/filter", json={}, timeout=10).json()
+    by_name = {r["name"]: r for r in runs}
+    assert by_name["real200"]["state_type"] == "COMPLETED"
+    assert by_name["chat"]["state_type"] == "COMPLETED"
+    tasks = httpx.post(f"{prefect_api}/task_runs/filter", json={}, timeout=10).json()
+    assert sorted(t["name"] for t in tasks if "-shard-" in t["name"]) == ["chat-shard-0", "chat-shard-1"]
+    artifacts = httpx.post(f"{prefect_api}/artifacts/filter", json={}, timeout=10).json()
+    assert {a["type"] for a in artifacts} >= {"progress", "markdown"}
+
+
+def test_kill_9_then_rerun_against_real_sglang(tmp_path: Path, sglang_url: str) -> None:
+    config, good = _config(tmp_path, sglang_url, "realkill", 300, max_tokens=96)
+    args = ["run", str(config), "--no-prefect"]
+    first = datagen(*args)
+    try:
+        wait_for_rows(tmp_path / "realkill", random.randint(50, 200), first, timeout_s=300)
+    finally:
+        kill_group(first)
+    partial = check_run(tmp_path / "realkill")
+    assert partial.duplicates == 0 and 0 < len(partial.row_ids) < good - 4
+    second = datagen(*args)
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, out.decode()[-4000:]
+    final = check_run(tmp_path / "realkill")
+    assert final.corrupt_files == [] and final.duplicates == 0
+    assert len(final.row_ids) + len(final.reject_ids) == 300
+    assert set(partial.row_ids) <= set(final.row_ids)
+    manifest = json.loads((tmp_path / "realkill" / "manifest.json").read_text())
+    assert len(manifest["history"]) == 2

@@ -1,0 +1,159 @@
+"""Helpers shared by the pipeline tests of the simulator and real-engine tiers.
+
+Makes prompt files, writes run configs, and checks a finished run directory for the exactly-once
+contract: every prompt is one row or one reject, no id twice, every shard readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+WORDS = "alpha beta gamma delta kernel cache decode prefill token batch queue drafter".split()
+
+
+def write_prompts(path: Path, count: int, *, bad_every: int = 0, long_every: int = 0) -> int:
+    """``count`` UltraChat-style rows with ids p00000...; some unusable or over-long on purpose.
+
+    Returns how many rows are convertible (the rest must end as conversion rejects).
+    """
+    good = 0
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(count):
+            if bad_every and i % bad_every == bad_every - 1:
+                row = {
+                    "prompt_id": f"p{i:05d}",
+                    "messages": [{"role": "assistant", "content": "no question"}],
+                }
+            else:
+                words = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(5 + i % 40))
+                text = f"Question {i}: explain {words}."
+                if long_every and i % long_every == long_every - 1:
+                    text = text + " filler" * 8000
+                row = {"prompt_id": f"p{i:05d}", "messages": [{"role": "user", "content": text}]}
+                good += 1
+            handle.write(json.dumps(row) + "\n")
+    return good
+
+
+def write_config(path: Path, *, name: str, output_dir: Path, url: str, source: Path, extra: str = "") -> Path:
+    path.write_text(
+        f"""
+[run]
+name = "{name}"
+output_dir = "{output_dir}"
+
+[[endpoints]]
+url = "{url}"
+
+[concurrency]
+limit = 64
+
+[retry]
+max_attempts = 6
+initial_wait_s = 0.05
+max_wait_s = 0.5
+
+[store]
+flush_rows = 50
+flush_seconds = 1
+shard_prompts = 250
+
+[generation]
+max_tokens = 64
+
+[[categories]]
+name = "chat"
+source = "{source}"
+format = "messages"
+{extra}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+@dataclass
+class RunCheck:
+    row_ids: list[str]
+    reject_ids: list[str]
+    reject_reasons: Counter[str]
+    corrupt_files: list[Path]
+
+    @property
+    def duplicates(self) -> int:
+        everything = self.row_ids + self.reject_ids
+        return len(everything) - len(set(everything))
+
+
+def check_run(run_dir: Path) -> RunCheck:
+    """Read every shard of a run directly (not through the project's store) and collect ids."""
+    rows: list[str] = []
+    rejects: list[str] = []
+    reasons: Counter[str] = Counter()
+    corrupt: list[Path] = []
+    for kind, target in (("data", rows), ("rejects", rejects)):
+        for path in sorted((run_dir / kind).rglob("*.parquet")):
+            if path.name.startswith(".tmp-"):
+                continue
+            try:
+                table = pq.read_table(path)
+            except Exception:
+                corrupt.append(path)
+                continue
+            target.extend(table.column("id").to_pylist())
+            if kind == "rejects":
+                reasons.update(table.column("reason").to_pylist())
+    return RunCheck(rows, rejects, reasons, corrupt)
+
+
+def datagen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `datagen ARGS` in its own process group (so a kill -9 takes its children too)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """kill -9 the run and everything it started (e.g. Prefect's temporary server)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def rows_on_disk(run_dir: Path) -> int:
+    total = 0
+    for path in (run_dir / "data").rglob("part-*.parquet"):
+        try:
+            total += pq.read_metadata(path).num_rows
+        except Exception:
+            continue
+    return total
+
+
+def wait_for_rows(run_dir: Path, minimum: int, proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        n = rows_on_disk(run_dir)
+        if n >= minimum:
+            return n
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise AssertionError(f"run ended before {minimum} rows were on disk:\n{out[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {minimum} rows after {timeout_s} s")

@@ -1,0 +1,108 @@
+"""The pipeline against the simulator: scale, faults, kill -9 and resume, Prefect, the demo."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from datasets import load_dataset
+
+from flows.config import load_config
+from flows.runner import execute
+from flows.schema import ROW_FEATURES
+from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
+from sglang_launch.simulator import FaultConfig, SimConfig, SimulatorProcess
+
+FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+
+
+@pytest.fixture
+def fast_sim() -> SimulatorProcess:
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        yield sim
+
+
+async def test_2000_prompts_with_faults_end_as_exactly_one_row_or_reject(tmp_path: Path) -> None:
+    """503s, cut streams and over-long prompts: every prompt still ends exactly once."""
+    source = tmp_path / "prompts.jsonl"
+    good = write_prompts(source, 2000, bad_every=97, long_every=401)
+    faults = FaultConfig(error_503_rate=0.05, cut_stream_rate=0.03)
+    with SimulatorProcess(SimConfig(**FAST, faults=faults)) as sim:
+        cfg = load_config(
+            write_config(tmp_path / "run.toml", name="scale", output_dir=tmp_path, url=sim.url, source=source)
+        )
+        status = await execute(cfg, use_prefect=False, show_progress=False)
+        stats = sim.stats()
+    check = check_run(tmp_path / "scale")
+    assert check.corrupt_files == []
+    assert check.duplicates == 0
+    assert len(check.row_ids) + len(check.reject_ids) == 2000
+    assert status.rows + status.rejects == 2000
+    assert check.reject_reasons["no user turn"] == 2000 - good
+    too_long = [r for r in check.reject_reasons if "context length" in r]
+    assert too_long and sum(check.reject_reasons[r] for r in too_long) == 4
+    assert len(check.row_ids) == good - 4  # 503s and cut streams were retried, not rejected
+    assert stats["injected_503"] > 0 and stats["streams_cut"] > 0  # the faults really fired ...
+    assert stats["requests_received"] > len(check.row_ids) + 4  # ... and were retried
+    ds = load_dataset("parquet", data_dir=str(tmp_path / "scale" / "data"), split="train")
+    assert ds.features == ROW_FEATURES
+    assert len(ds) == len(check.row_ids)
+    assert sum(ds["attempts"]) > len(ds)
+
+
+@pytest.mark.parametrize("prefect", [False, True], ids=["plain", "prefect"])
+def test_kill_9_at_a_random_moment_then_rerun_loses_and_duplicates_nothing(
+    tmp_path: Path, fast_sim: SimulatorProcess, prefect: bool
+) -> None:
+    source = tmp_path / "prompts.jsonl"
+    good = write_prompts(source, 1500, bad_every=151)
+    config = write_config(
+        tmp_path / "run.toml", name="killed", output_dir=tmp_path, url=fast_sim.url, source=source
+    )
+    args = ["run", str(config)] + ([] if prefect else ["--no-prefect"])
+    run_dir = tmp_path / "killed"
+    first = datagen(*args)
+    try:
+        wait_for_rows(run_dir, random.randint(100, 900), first, timeout_s=180)
+    finally:
+        kill_group(first)
+    partial = check_run(run_dir)
+    assert 0 < len(partial.row_ids) < good
+    assert partial.duplicates == 0
+    second = datagen(*args)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out.decode()[-3000:]
+    final = check_run(run_dir)
+    assert final.corrupt_files == []
+    assert final.duplicates == 0
+    expected = {f"p{i:05d}" for i in range(1500) if i % 151 != 150}
+    assert set(final.row_ids) == expected
+    assert len(final.reject_ids) == 1500 - good
+    assert b"were already done" in out
+
+
+def test_changed_sampling_refuses_to_mix_into_the_run(tmp_path: Path, fast_sim: SimulatorProcess) -> None:
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 20)
+    config = write_config(
+        tmp_path / "run.toml", name="fp", output_dir=tmp_path, url=fast_sim.url, source=source
+    )
+    first = datagen("run", str(config), "--no-prefect")
+    assert first.wait(timeout=120) == 0
+    config.write_text(config.read_text().replace("max_tokens = 64", "max_tokens = 65"))
+    second = datagen("run", str(config), "--no-prefect")
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 2
+    assert b"another prompt/sampling config" in out
+    assert len(check_run(tmp_path / "fp").row_ids) == 20
+
+
+def test_demo_command_runs_under_prefect_and_writes_a_loadable_dataset(tmp_path: Path) -> None:
+    proc = datagen("demo", "--output-dir", str(tmp_path))
+    out, _ = proc.communicate(timeout=240)
+    text = out.decode()
+    assert proc.returncode == 0, text[-3000:]
+    assert "Prefect: on" in text and "load_dataset" in text
+    check = check_run(tmp_path / "demo")
+    assert len(check.row_ids) == 98 and len(check.reject_ids) == 2 and check.duplicates == 0
