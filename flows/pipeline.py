@@ -41,7 +41,7 @@ async def run_shard(session_key: str, category: str, index: int) -> None:
 
 def shard_window(session: RunSession) -> int:
     """Shards in flight per category: enough queued prompts to fill the limit across a shard boundary."""
-    limit = session.config.concurrency.limit * max(len(session.config.endpoints), 1)
+    limit = session.config.concurrency.limit * max(len(session.endpoints), 1)
     size = session.config.store.shard_prompts
     return max(2, -(-limit // size) + 1)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from flows.client import EndpointClient
 from flows.concurrency import Lane, Limiter
 from flows.config import CategoryConfig
+from flows.health import Endpoint
 from flows.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
 from flows.prompt_stream import Reject, dedup_key
 from flows.quality import TRUNCATED
@@ -43,6 +44,7 @@ class Tally:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     retried_attempts: int = 0
+    recovered: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
 
     def count_reject(self, reason: str) -> None:
@@ -63,25 +65,40 @@ def _source(record: PromptRecord) -> dict[str, object]:
     return {"dataset": record.source.dataset, "split": record.source.split, "row": record.source.row}
 
 
+RECOVERY_ROUNDS = 3
+"""Times a prompt whose retries ran out is sent again after its endpoint was seen healthy."""
+
+
 async def _ask(
     record: PromptRecord,
-    client: EndpointClient,
+    endpoint: Endpoint,
     category: CategoryConfig,
     sampling: SamplingParams,
     sink: CategorySink,
 ) -> None:
-    """One prompt to exactly one row or one reject; a fatal endpoint error propagates."""
+    """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
+
+    A transient failure that outlived the client's retries is usually a server that died or
+    restarts: the guard waits for it (or restarts it) and the prompt is asked again, so an outage
+    costs time, not rows. Only a server gone for good, or a prompt that keeps failing on a
+    healthy server, ends as a (retryable) reject.
+    """
+    client = endpoint.client
     prompt_hash = dedup_key(record, category)
-    try:
-        regenerated = await regenerate(record, client, sampling, category.mode)
-    except FatalEndpointError:
-        raise
-    except PermanentRequestError as error:
-        _reject(record, sink, client, error, prompt_hash, retryable=False)
-        return
-    except TransientRequestError as error:
-        _reject(record, sink, client, error, prompt_hash, retryable=True)
-        return
+    for round_ in range(RECOVERY_ROUNDS):
+        try:
+            regenerated = await regenerate(record, client, sampling, category.mode)
+            break
+        except FatalEndpointError:
+            raise
+        except PermanentRequestError as error:
+            _reject(record, sink, client, error, prompt_hash, retryable=False)
+            return
+        except TransientRequestError as error:
+            if round_ == RECOVERY_ROUNDS - 1 or not await endpoint.guard.recover():
+                _reject(record, sink, client, error, prompt_hash, retryable=True)
+                return
+            sink.tally.recovered += 1
     row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
     sink.rows.add(row)
     tally = sink.tally
@@ -124,7 +141,7 @@ def _reject(
 async def pump_shard(
     items: Sequence[PromptRecord | Reject],
     *,
-    limiter: Limiter[EndpointClient],
+    limiter: Limiter[Endpoint],
     category: CategoryConfig,
     sampling: SamplingParams,
     sink: CategorySink,
@@ -133,14 +150,14 @@ async def pump_shard(
     pending: set[asyncio.Task[None]] = set()
     fatal: list[FatalEndpointError] = []
 
-    held: dict[asyncio.Task[None], Lane[EndpointClient]] = {}
+    held: dict[asyncio.Task[None], Lane[Endpoint]] = {}
 
     async def release(task: asyncio.Task[None]) -> None:
         lane = held.pop(task, None)
         if lane is not None:
             await limiter.release(lane)
 
-    async def run(record: PromptRecord, lane: Lane[EndpointClient]) -> None:
+    async def run(record: PromptRecord, lane: Lane[Endpoint]) -> None:
         try:
             await _ask(record, lane.endpoint, category, sampling, sink)
         except FatalEndpointError as error:

@@ -17,12 +17,15 @@ from typing import Any, Self
 
 from flows.client import EndpointClient, RetryPolicy
 from flows.concurrency import FixedLimit, Lane, Limiter
+from flows.health import Endpoint, EndpointGuard
 from flows.config import CategoryConfig, RunConfig, fingerprint
 from flows.prompt_stream import PromptRecord, Reject, StreamCounts
 from flows.pump import CategorySink, Tally
 from flows.sampling import SamplingParams
 from flows.store import CategoryState, RunStore
 from prompts.dedup import DedupIndex
+from sglang_launch.engine import Engine, LaunchedEngine
+from sglang_launch.server_config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,32 +96,32 @@ class RunSession:
         self._report_every_s = report_every_s
         self._clients: list[EndpointClient] = []
         self._background: list[asyncio.Task[None]] = []
-        self.limiter: Limiter[EndpointClient] | None = None
+        self.limiter: Limiter[Endpoint] | None = None
+        self.endpoints: list[Endpoint] = []
+        self.engine: LaunchedEngine | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
-        retry = self.config.retry
-        policy = RetryPolicy(
-            max_attempts=retry.max_attempts,
-            initial_wait_s=retry.initial_wait_s,
-            max_wait_s=retry.max_wait_s,
-            max_total_s=retry.max_total_s,
-        )
-        endpoints = self.config.endpoints
-        urls = self._endpoint_urls or [e.url for e in endpoints]
-        for index, url in enumerate(urls):
-            settings = endpoints[index] if index < len(endpoints) else None
-            self._clients.append(
-                EndpointClient(
+        try:
+            targets = await self._targets()
+            retry = self.config.retry
+            policy = RetryPolicy(
+                max_attempts=retry.max_attempts,
+                initial_wait_s=retry.initial_wait_s,
+                max_wait_s=retry.max_wait_s,
+                max_total_s=retry.max_total_s,
+            )
+            for url, model, key_env, stream, engine in targets:
+                client = EndpointClient(
                     url,
-                    settings.model if settings else None,
-                    _api_key(settings.api_key_env if settings else None),
-                    stream=settings.stream if settings else True,
+                    model,
+                    _api_key(key_env),
+                    stream=stream,
                     read_timeout_s=retry.read_timeout_s,
                     retry=policy,
                 )
-            )
-        try:
+                self._clients.append(client)
+                self.endpoints.append(Endpoint(client, EndpointGuard(url, engine)))
             self.model = await self._resolve_model()
             self.fingerprint = fingerprint(self.config, self.model)
             self.resumed = await asyncio.to_thread(
@@ -128,14 +131,33 @@ class RunSession:
                 force=self.force,
             )
         except BaseException:
-            await self._close_clients()
+            await self._close()
             raise
-        self.limiter = Limiter(
-            [Lane(client, FixedLimit(self.config.concurrency.limit)) for client in self._clients]
-        )
+        limit = self.config.concurrency.limit
+        self.limiter = Limiter([Lane(endpoint, FixedLimit(limit)) for endpoint in self.endpoints])
         self._background.append(asyncio.create_task(self._flush_loop()))
         self._background.append(asyncio.create_task(self._report_loop()))
         return self
+
+    async def _targets(self) -> list[tuple[str, str | None, str | None, bool, Engine | None]]:
+        """(url, model, api-key env name, stream, engine) per endpoint; launches ``[server]`` first."""
+        targets: list[tuple[str, str | None, str | None, bool, Engine | None]] = []
+        server = self.config.server
+        if server is not None and server.launch:
+            if server.log_dir == ServerConfig.model_fields["log_dir"].default:
+                server = server.model_copy(update={"log_dir": self.config.run_dir / "server-logs"})
+            self.engine = LaunchedEngine(server)
+            await asyncio.to_thread(self.engine.ensure_running)
+            targets.append((self.engine.url, server.served_model_name, server.api_key_env, True, self.engine))
+        endpoints = self.config.endpoints
+        urls = self._endpoint_urls or [e.url for e in endpoints]
+        for index, url in enumerate(urls):
+            settings = endpoints[index] if index < len(endpoints) else None
+            if settings is None:
+                targets.append((url, None, None, True, None))
+            else:
+                targets.append((url, settings.model, settings.api_key_env, settings.stream, None))
+        return targets
 
     async def __aexit__(self, *exc_info: object) -> None:
         for task in self._background:
@@ -145,11 +167,14 @@ class RunSession:
                 await task
         self.flush()
         await self.report()
-        await self._close_clients()
+        await self._close()
 
-    async def _close_clients(self) -> None:
+    async def _close(self) -> None:
+        """Close the clients, then stop the server this run launched (never one it did not)."""
         for client in self._clients:
             await client.aclose()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
 
     async def _resolve_model(self) -> str:
         models = []

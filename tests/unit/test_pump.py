@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from flows.concurrency import FixedLimit, Lane, Limiter
+from flows.health import Endpoint
 from flows.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
 from flows.prompt_stream import Reject
 from flows.config import CategoryConfig
@@ -26,6 +27,7 @@ class FakeClient:
         self.in_flight = 0
         self.peak = 0
         self.sent: list[list[dict]] = []
+        self.outages = 0
 
     async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
         self.in_flight += 1
@@ -38,6 +40,9 @@ class FakeClient:
                 raise PermanentRequestError("prompt longer than the context", status=400)
             if text == "flaky":
                 raise TransientRequestError("server unavailable (503)", status=503, attempts=6)
+            if text == "outage" and self.outages:
+                self.outages -= 1
+                raise TransientRequestError("connection refused", attempts=6)
             if text == "key":
                 raise FatalEndpointError("unauthorized (401)", status=401)
             return Generation(
@@ -56,6 +61,22 @@ class FakeClient:
             )
         finally:
             self.in_flight -= 1
+
+
+class FakeGuard:
+    """Reports the endpoint healthy (``up``) or gone for good; counts the questions."""
+
+    def __init__(self, up: bool) -> None:
+        self.up = up
+        self.asked = 0
+
+    async def recover(self) -> bool:
+        self.asked += 1
+        return self.up
+
+
+def _lanes(client: FakeClient, limit: int, *, up: bool = False) -> Limiter:
+    return Limiter([Lane(Endpoint(client, FakeGuard(up)), FixedLimit(limit))])  # type: ignore[arg-type]
 
 
 def _record(i: int, text: str) -> PromptRecord:
@@ -86,7 +107,7 @@ def _sink(tmp_path: Path) -> CategorySink:
 
 async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> None:
     client = FakeClient()
-    limiter = Limiter([Lane(client, FixedLimit(4))])
+    limiter = _lanes(client, 4)
     sink = _sink(tmp_path)
     texts = ["ok"] * 20 + ["bad", "flaky", "long"]
     items: list = [_record(i, t) for i, t in enumerate(texts)]
@@ -123,7 +144,7 @@ async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> Non
 
 async def test_fatal_endpoint_error_aborts_without_rejecting(tmp_path: Path) -> None:
     client = FakeClient()
-    limiter = Limiter([Lane(client, FixedLimit(2))])
+    limiter = _lanes(client, 2)
     sink = _sink(tmp_path)
     items = [_record(0, "key")] + [_record(i, "ok") for i in range(1, 50)]
     with pytest.raises(RunAborted, match="401"):
@@ -133,3 +154,28 @@ async def test_fatal_endpoint_error_aborts_without_rejecting(tmp_path: Path) -> 
     assert sink.rejects.pending == 0
     assert sink.tally.rows < 49
     assert limiter.in_flight == 0
+
+
+async def test_exhausted_retries_during_an_outage_are_asked_again_once_the_server_is_back(
+    tmp_path: Path,
+) -> None:
+    client = FakeClient()
+    client.outages = 2
+    limiter = _lanes(client, 1, up=True)
+    sink = _sink(tmp_path)
+    sampling = SamplingParams(max_tokens=8)
+    await pump_shard([_record(0, "outage")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
+    assert sink.tally.rows == 1 and sink.tally.rejects == 0 and sink.tally.recovered == 2
+    guard = limiter.lanes[0].endpoint.guard
+    assert guard.asked == 2
+
+
+async def test_a_prompt_failing_on_a_healthy_server_ends_as_a_retryable_reject(tmp_path: Path) -> None:
+    client = FakeClient()
+    limiter = _lanes(client, 1, up=True)
+    sink = _sink(tmp_path)
+    sampling = SamplingParams(max_tokens=8)
+    await pump_shard([_record(0, "flaky")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
+    (reject,) = sink.rejects._rows
+    assert reject["retryable"] is True
+    assert limiter.lanes[0].endpoint.guard.asked == 2  # asked again twice, then gave up (3 rounds)

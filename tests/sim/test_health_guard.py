@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import socket
+
+from flows.health import EndpointGuard
+from sglang_launch.simulator import SimConfig, simulator_in_thread
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class FakeEngine:
+    """Starts 'the server' (a simulator) on the first ensure_running call."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def ensure_running(self) -> list[str]:
+        self.calls += 1
+        return ["restarted"] if self.calls == 1 else []
+
+
+async def test_guard_sees_a_healthy_simulator_at_once() -> None:
+    with simulator_in_thread(SimConfig(max_total_tokens=4096, context_length=1024)) as sim:
+        guard = EndpointGuard(sim.url, patience_s=5, poll_s=0.05)
+        assert await guard.recover() is True
+        assert guard.recoveries == 1
+
+
+async def test_guard_gives_up_after_its_patience_on_a_dead_endpoint() -> None:
+    guard = EndpointGuard(f"http://127.0.0.1:{_closed_port()}", patience_s=0.3, poll_s=0.05)
+    assert await guard.recover() is False
+
+
+async def test_guard_restarts_a_launched_engine_once_for_all_waiters() -> None:
+    import asyncio
+
+    engine = FakeEngine()
+    with simulator_in_thread(SimConfig(max_total_tokens=4096, context_length=1024)) as sim:
+        guard = EndpointGuard(sim.url, engine, patience_s=5, poll_s=0.05, fresh_s=10)  # type: ignore[arg-type]
+        results = await asyncio.gather(*(guard.recover() for _ in range(20)))
+    assert results == [True] * 20
+    assert engine.calls == 1 and guard.restarts == 1
