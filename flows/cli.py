@@ -16,6 +16,7 @@ from flows.session import ConfigProblem
 from flows.status import run_status
 from flows.store import FingerprintMismatch
 from sglang_launch import cli as gpu_cli
+from sglang_launch import launch_cli
 
 app = typer.Typer(
     help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
@@ -111,6 +112,7 @@ def sim(ctx: typer.Context) -> None:
 
 
 app.add_typer(gpu_cli.app)
+app.add_typer(launch_cli.app)
 
 if __name__ == "__main__":
     app()

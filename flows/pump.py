@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from flows.client import EndpointClient
 from flows.concurrency import Lane, Limiter
 from flows.config import CategoryConfig
-from flows.health import Endpoint
 from flows.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
+from flows.health import Endpoint
 from flows.prompt_stream import Reject, dedup_key
 from flows.quality import TRUNCATED
 from flows.regen import regenerate

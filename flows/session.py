@@ -17,8 +17,8 @@ from typing import Any, Self
 
 from flows.client import EndpointClient, RetryPolicy
 from flows.concurrency import FixedLimit, Lane, Limiter
-from flows.health import Endpoint, EndpointGuard
 from flows.config import CategoryConfig, RunConfig, fingerprint
+from flows.health import Endpoint, EndpointGuard
 from flows.prompt_stream import PromptRecord, Reject, StreamCounts
 from flows.pump import CategorySink, Tally
 from flows.sampling import SamplingParams

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import engines_home
+
 from sglang_launch.server_config import ServerConfig
 
 ENGINES = engines_home()

@@ -6,6 +6,7 @@ contract: every prompt is one row or one reject, no id twice, every shard readab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,11 +19,24 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-WORDS = "alpha beta gamma delta kernel cache decode prefill token batch queue drafter".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "kernel",
+    "cache",
+    "decode",
+    "prefill",
+    "token",
+    "batch",
+    "queue",
+    "drafter",
+]
 
 
-def write_prompts(path: Path, count: int, *, bad_every: int = 0, long_every: int = 0) -> int:
-    """``count`` UltraChat-style rows with ids p00000...; some unusable or over-long on purpose.
+def write_prompts(path: Path, count: int, *, bad_every: int = 0, long_every: int = 0, tag: str = "p") -> int:
+    """``count`` UltraChat-style rows with ids <tag>00000...; some unusable or over-long on purpose.
 
     Returns how many rows are convertible (the rest must end as conversion rejects).
     """
@@ -36,10 +50,10 @@ def write_prompts(path: Path, count: int, *, bad_every: int = 0, long_every: int
                 }
             else:
                 words = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(5 + i % 40))
-                text = f"Question {i}: explain {words}."
+                text = f"Question {tag}{i}: explain {words}."
                 if long_every and i % long_every == long_every - 1:
                     text = text + " filler" * 8000
-                row = {"prompt_id": f"p{i:05d}", "messages": [{"role": "user", "content": text}]}
+                row = {"prompt_id": f"{tag}{i:05d}", "messages": [{"role": "user", "content": text}]}
                 good += 1
             handle.write(json.dumps(row) + "\n")
     return good
@@ -129,10 +143,8 @@ def datagen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[b
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     """kill -9 the run and everything it started (e.g. Prefect's temporary server)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(timeout=30)
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 from datasets import load_dataset
-
 from engine_support import needs_sglang, tiny_sglang
 from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
+
 from sglang_launch.engine import LaunchedEngine
 from sglang_launch.launcher import free_port
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from datasets import load_dataset
+from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
 
 from flows.config import load_config
 from flows.runner import execute
 from flows.schema import ROW_FEATURES
-from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
 from sglang_launch.simulator import FaultConfig, SimConfig, SimulatorProcess
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from flows.concurrency import FixedLimit, Lane, Limiter
-from flows.health import Endpoint
-from flows.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
-from flows.prompt_stream import Reject
 from flows.config import CategoryConfig
+from flows.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
+from flows.health import Endpoint
+from flows.prompt_stream import Reject
 from flows.pump import CategorySink, RunAborted, Tally, pump_shard
 from flows.responses import Generation, Usage
 from flows.rows import reject_row

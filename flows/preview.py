@@ -1,0 +1,282 @@
+"""`datagen prompts preview`: what a category would send, before any GPU time is spent.
+
+A preview runs the real stream (``category_items``: filters, conversion, quota, dedup) over the
+first rows of the source, so the counts it shows are the ones a run would see on those rows, not a
+second implementation that could drift. It reads a capped number of rows so it stays quick on a
+million-row file or a Hub stream; quota and dedup are therefore decided over those rows only.
+
+The report is plain data (``Preview``) built by a pure function over a row source; the CLI renders
+it (tables or JSON). Loading a tokenizer is the one piece of I/O here, kept in ``load_measure``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tomllib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from flows.config import CategoryConfig, ConfigError, load_config
+from flows.prompt_stream import Rows, StreamCounts, category_items, source_rows
+from flows.regen import first_turn
+from flows.store import CategoryState
+from prompts.categories import category_file, known_categories, load_category
+from prompts.dedup import DedupIndex
+from prompts.records import Message, PromptRecord
+
+EXAMPLE_CHARS = 300
+"""Characters of each message shown in an example: enough to recognise a prompt, short enough to scan."""
+
+_HUB_OFFLINE_VALUES = {"1", "ON", "YES", "TRUE"}
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How a prompt's length is counted: ``unit`` names what ``count`` returns; ``note`` tells the reader
+    which tokenizer was used, or why lengths fell back to characters."""
+
+    unit: str
+    count: Callable[[str], int]
+    note: str | None = None
+
+
+CHARACTERS = Measure("characters", len)
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """Prompt-length distribution over the taken prompts (nearest-rank percentiles)."""
+
+    unit: str
+    count: int
+    min: int
+    median: float
+    p90: int
+    p99: int
+    max: int
+
+
+@dataclass(frozen=True)
+class ExampleMessage:
+    role: str
+    text: str
+    """The first ``EXAMPLE_CHARS`` characters of the content (``…`` when cut), then any calls made."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One converted prompt as a person checks it: where it came from, its messages, its tool names."""
+
+    id: str
+    row: int
+    messages: list[ExampleMessage]
+    tools: list[str]
+
+
+@dataclass(frozen=True)
+class Preview:
+    """Everything ``datagen prompts preview`` shows, as data (``--json`` prints exactly this)."""
+
+    category: str
+    settings: dict[str, Any]
+    rows_cap: int
+    steps: list[tuple[str, int]]
+    filtered: dict[str, int]
+    rejected: dict[str, int]
+    examples: list[Example]
+    lengths: LengthStats | None
+    length_unit: str
+    notes: list[str] = field(default_factory=list)
+
+
+def category_settings(category: CategoryConfig) -> dict[str, Any]:
+    """What decides which prompts are taken and how they are asked (generation is left out: it does not)."""
+    return {
+        "source": category.source,
+        "split": category.split,
+        "subset": category.subset,
+        "format": category.format,
+        "mode": category.mode,
+        "send_tools": category.send_tools,
+        "system_prompt": category.system_prompt,
+        "quota": None if category.quota is None else category.quota.model_dump(exclude_none=True),
+        "limit": category.limit,
+        "filters": dict(category.filters),
+    }
+
+
+def capped_rows(category: CategoryConfig, rows: int) -> Callable[[], Rows]:
+    """Opens the category's source anew on each call, at most ``rows`` rows (a count quota reads twice)."""
+    return lambda: islice(source_rows(category), rows)
+
+
+def prompt_text(record: PromptRecord) -> str:
+    """The text of the first request: its messages' contents, then the tool schemas if they are sent.
+
+    The first request is the only one known before generation (later turns carry the model's own
+    answers), and the tool schemas go into the prompt too, so they count toward its length.
+    """
+    parts = [m.get("content") or "" for m in first_turn(record.messages)]
+    if record.tools:
+        parts.append(json.dumps(record.tools, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _example_message(message: Message) -> ExampleMessage:
+    text = _shorten(message.get("content") or "", EXAMPLE_CHARS)
+    calls = [call["function"]["name"] for call in message.get("tool_calls") or ()]
+    if calls:
+        text = f"{text} [calls: {', '.join(calls)}]".lstrip()
+    return ExampleMessage(role=str(message.get("role")), text=text)
+
+
+def example(record: PromptRecord) -> Example:
+    tools = [str((tool.get("function") or {}).get("name")) for tool in record.tools or ()]
+    return Example(
+        id=record.id,
+        row=record.source.row,
+        messages=[_example_message(m) for m in record.messages],
+        tools=tools,
+    )
+
+
+def _nearest_rank(ordered: Sequence[int], q: float) -> int:
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+
+def length_stats(lengths: Iterable[int], unit: str) -> LengthStats | None:
+    """count, min, median, p90, p99, max; None when no prompt was taken."""
+    ordered = sorted(lengths)
+    if not ordered:
+        return None
+    return LengthStats(
+        unit=unit,
+        count=len(ordered),
+        min=ordered[0],
+        median=statistics.median(ordered),
+        p90=_nearest_rank(ordered, 0.90),
+        p99=_nearest_rank(ordered, 0.99),
+        max=ordered[-1],
+    )
+
+
+def build_preview(
+    category: CategoryConfig,
+    open_rows: Callable[[], Rows],
+    *,
+    rows_cap: int,
+    examples: int = 5,
+    measure: Measure = CHARACTERS,
+) -> Preview:
+    """Run the category's stream as a fresh run would (nothing done, nothing claimed) and summarise it.
+
+    ``open_rows`` must return the same rows on every call: a count quota reads them twice.
+    ``rows_cap`` is only reported (the caller applied it when opening the rows).
+    """
+    counts = StreamCounts()
+    taken: list[Example] = []
+    lengths: list[int] = []
+    items = category_items(
+        category, CategoryState(), counts, open_rows(), dedup=DedupIndex(), rows_again=open_rows
+    )
+    for item in items:
+        if not isinstance(item, PromptRecord):
+            continue
+        if len(taken) < examples:
+            taken.append(example(item))
+        lengths.append(measure.count(prompt_text(item)))
+    notes = [measure.note] if measure.note else []
+    if counts.read >= rows_cap:
+        notes.append(f"stopped after {rows_cap} rows (--rows): counts, quota and dedup cover these rows only")
+    if category.limit is not None and counts.taken >= category.limit:
+        notes.append(f"the category's limit ({category.limit} prompts) was reached")
+    return Preview(
+        category=category.name,
+        settings=category_settings(category),
+        rows_cap=rows_cap,
+        steps=counts.steps(),
+        filtered=dict(counts.filtered.most_common()),
+        rejected=dict(counts.rejected.most_common()),
+        examples=taken,
+        lengths=length_stats(lengths, measure.unit),
+        length_unit=measure.unit,
+        notes=notes,
+    )
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE read now (huggingface_hub reads it once at import, which may be too early)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in _HUB_OFFLINE_VALUES
+
+
+def _tokenizer_file(name: str) -> str:
+    """A local tokenizer.json (or a folder holding one), else the Hub's copy (cache only when offline)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if path.is_file():
+        return str(path)
+    if path.is_absolute() or name.startswith((".", "~")) or name.endswith(".json"):
+        raise FileNotFoundError(f"no tokenizer file at {path}")
+    from huggingface_hub import hf_hub_download
+
+    return hf_hub_download(name, "tokenizer.json", local_files_only=_hub_offline())
+
+
+def load_measure(tokenizer: str | None) -> Measure:
+    """Token counts when a tokenizer can be loaded without new dependencies, else characters with a note.
+
+    A preview must work anywhere, so a missing package, an offline Hub or a bad path degrade to
+    characters and say so rather than failing.
+    """
+    if tokenizer is None:
+        return CHARACTERS
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return Measure("characters", len, "the `tokenizers` package is not installed: lengths in characters")
+    try:
+        loaded = Tokenizer.from_file(_tokenizer_file(tokenizer))
+    except Exception as error:  # any load failure (missing, offline, corrupt) degrades the same way
+        return Measure(
+            "characters", len, f"could not load tokenizer {tokenizer!r} ({error}): lengths in characters"
+        )
+    return Measure(
+        "tokens",
+        lambda text: len(loaded.encode(text, add_special_tokens=False).ids),
+        f"tokenizer: {tokenizer}",
+    )
+
+
+def find_category(name: str, config: Path | None = None) -> CategoryConfig:
+    """A bundled category file by name, or a category of a run config; ``ConfigError`` lists the choices."""
+    if config is not None:
+        run = load_config(config)
+        try:
+            return run.category(name)
+        except KeyError:
+            names = ", ".join(c.name for c in run.categories)
+            raise ConfigError(f"{config} has no category {name!r}; its categories: {names}") from None
+    path = category_file(name)
+    if path is None:
+        known = ", ".join(known_categories()) or "none"
+        raise ConfigError(f"no category named {name!r}; known: {known} (or pass --config RUN.toml)")
+    try:
+        return CategoryConfig.model_validate(load_category(path))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or name}: {e['msg']}" for e in error.errors())
+        raise ConfigError(f"{path}: {problems}") from None

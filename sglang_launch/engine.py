@@ -1,0 +1,141 @@
+"""What the pipeline holds for a server: "make sure it is up" and "stop it", whoever runs it.
+
+`datagen run` either launches the server itself (`[server] launch = true`: real SGLang or the
+simulator, both started by `launcher.py` from the same config) or talks to one someone else
+runs. Both sit behind `Engine`, so the run loop calls `ensure_running()` after connection errors
+and at the start, and `stop()` at the end, without knowing which it has. The calls block for as
+long as a start takes (minutes for a large model): async code calls them with `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Protocol
+
+import httpx
+
+from sglang_launch.launcher import (
+    LaunchAttempt,
+    ServerHandle,
+    launch_with_ladder,
+    read_api_key,
+    server_kv_capacity,
+    server_url,
+)
+from sglang_launch.server_config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class EngineUnavailable(RuntimeError):
+    """The server is down and this engine cannot bring it back (nobody here started it)."""
+
+
+class Engine(Protocol):
+    """A server endpoint whose liveness the pipeline can ensure."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def max_total_num_tokens(self) -> int | None: ...
+
+    def ensure_running(self) -> list[LaunchAttempt]:
+        """Start or restart the server if it is not serving; the attempts made (none if it was up)."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class LaunchedEngine:
+    """A server process this run owns: started on first use, restarted when it dies, stopped at the end.
+
+    Thread-safe, so that several shard tasks noticing the same dead server cause one restart.
+    """
+
+    def __init__(self, cfg: ServerConfig):
+        self._cfg = cfg
+        self._handle: ServerHandle | None = None
+        self._lock = threading.Lock()
+        self.attempts: list[LaunchAttempt] = []
+
+    def _running(self) -> ServerHandle:
+        if self._handle is None:
+            raise RuntimeError("the server has not been started yet: call ensure_running() first")
+        return self._handle
+
+    @property
+    def url(self) -> str:
+        return self._running().url
+
+    @property
+    def max_total_num_tokens(self) -> int | None:
+        return self._running().max_total_num_tokens
+
+    @property
+    def handle(self) -> ServerHandle | None:
+        return self._handle
+
+    def ensure_running(self) -> list[LaunchAttempt]:
+        with self._lock:
+            if self._handle is None:
+                self._handle, attempts = launch_with_ladder(self._cfg)
+            elif self._handle.alive():
+                return []
+            else:
+                logger.warning("server pid %d at %s died; restarting it", self._handle.pid, self._handle.url)
+                attempts = self._handle.restart()
+            self.attempts.extend(attempts)
+            return attempts
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._handle.stop()
+
+    def __enter__(self) -> LaunchedEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ExternalEngine:
+    """A server someone else runs (`launch = false`): checked, never started or stopped."""
+
+    def __init__(self, url: str, api_key: str | None = None):
+        self._url = url.rstrip("/")
+        self._api_key = api_key
+        self._kv: int | None = None
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def max_total_num_tokens(self) -> int | None:
+        return self._kv
+
+    def ensure_running(self) -> list[LaunchAttempt]:
+        try:
+            status = httpx.get(f"{self._url}/health", timeout=10.0).status_code
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"{self._url} is not reachable: {exc}") from exc
+        if status != 200:
+            raise EngineUnavailable(f"{self._url}/health answered {status}")
+        if self._kv is None:
+            self._kv = server_kv_capacity(self._url, self._api_key)
+        return []
+
+    def stop(self) -> None:
+        """Nothing to do: the server belongs to someone else."""
+
+
+def engine_from_config(cfg: ServerConfig) -> Engine:
+    """The engine `[server]` describes: launched by this run, or an existing server at host:port."""
+    if cfg.launch:
+        return LaunchedEngine(cfg)
+    if cfg.port is None:
+        raise ValueError("[server] port is required to reach a server this run does not launch")
+    return ExternalEngine(server_url(cfg.host, cfg.port), api_key=read_api_key(cfg))

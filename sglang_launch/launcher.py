@@ -1,0 +1,458 @@
+"""Start a server process, wait until it serves, stop it; retry failed starts down the ladder.
+
+One process per attempt, in its own session (so the whole tree, scheduler and detokenizer included,
+can be signalled as one process group). Its output goes through a small pump thread into a log
+file in the run directory, because SGLang prints its `server_args` (API key included) at startup
+and the key must never reach the log. Readiness is `GET /health` == 200 (SGLang answers 503 while
+warming up); an attempt that exits or times out first is classified from its log by `logparse`
+and, for the memory failures, retried at another `mem_fraction_static` (the rule is in
+`ServerConfig`'s docstring, the code in `next_fraction`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Literal
+
+import httpx
+
+from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, shown_env
+from sglang_launch.logparse import StartupFailure, parse_log
+from sglang_launch.server_config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["ready", "failed", "timeout"]
+
+_SHM_DIR = Path("/dev/shm")
+_LEFTOVER_GLOBS = (
+    "sglang_loads_*.shm",  # SGLang's load-snapshot slots (managers/load_snapshot.py)
+    "sem.mp-*",  # named semaphores of its spawn-mode multiprocessing: a stopped 0.5.23 leaves one
+)
+_KILL_WAIT_S = 5.0
+
+
+# --- the ladder (pure) -------------------------------------------------------------------------
+
+
+def retry_direction(kind: str | None, cfg: ServerConfig) -> int:
+    """-1: retry with a lower fraction, +1: a higher one, 0: do not retry (see ServerConfig)."""
+    if kind in ("cuda_oom", "cuda_graph"):
+        return -1
+    if kind == "kv_memory":
+        return 1
+    if kind == "host_memory" and cfg.hicache_size_gb is None:
+        return -1
+    return 0
+
+
+def next_fraction(ladder: Sequence[float], failures: Sequence[tuple[float | None, int]]) -> float | None:
+    """The fraction for the next attempt, or None to give up.
+
+    `failures` holds (fraction in effect, retry direction) per failed attempt, oldest first. Every
+    failure bounds the search (a DOWN failure at f rules out f and above, an UP failure f and
+    below), so the ladder never revisits a value and cannot oscillate. When the failed fraction is
+    unknown (SGLang chose it and the log did not say), the highest allowed ladder value is next.
+    """
+    if not failures or failures[-1][1] == 0:
+        return None
+    last, direction = failures[-1]
+    too_small = max((f for f, d in failures if f is not None and d > 0), default=0.0)
+    too_large = min((f for f, d in failures if f is not None and d < 0), default=1.0)
+    allowed = [f for f in ladder if too_small < f < too_large]
+    if last is None or direction < 0:
+        return max(allowed, default=None)
+    return min(allowed, default=None)
+
+
+# --- attempts ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchAttempt:
+    """One start attempt, as reported to the user and kept in the run's records."""
+
+    number: int
+    fraction: float | None  # in effect: the one passed, else SGLang's own choice read from its log
+    outcome: Outcome
+    seconds: float
+    log_path: Path
+    failure: StartupFailure | None = None
+
+    @property
+    def failure_kind(self) -> str | None:
+        return self.failure.kind if self.failure else None
+
+    @property
+    def fraction_label(self) -> str:
+        return "auto" if self.fraction is None else f"{self.fraction:g}"
+
+    def describe(self) -> str:
+        what = self.outcome if self.failure is None else f"{self.outcome} ({self.failure.kind})"
+        return (
+            f"attempt {self.number}: mem_fraction_static={self.fraction_label} {what}"
+            f" in {self.seconds:.1f}s, log {self.log_path}"
+        )
+
+
+class StartupFailed(RuntimeError):
+    """No attempt came up; `attempts` says what each one hit."""
+
+    def __init__(self, attempts: list[LaunchAttempt]):
+        self.attempts = attempts
+        last = attempts[-1]
+        detail = f": {last.failure.explanation} [{last.failure.line.strip()}]" if last.failure else ""
+        super().__init__(
+            f"server did not start after {len(attempts)} attempt(s); last {last.outcome}{detail}"
+        )
+
+
+# --- process plumbing --------------------------------------------------------------------------
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group, found through /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                members.append(int(stat.parent.name))
+    return members
+
+
+def _shm_files() -> set[Path]:
+    if not _SHM_DIR.is_dir():
+        return set()
+    return {path for pattern in _LEFTOVER_GLOBS for path in _SHM_DIR.glob(pattern)}
+
+
+def _shm_files_in_use() -> set[Path]:
+    """/dev/shm files that a live process we can inspect has open (fd) or mapped (mmap, semaphores)."""
+    prefix = f"{_SHM_DIR}/"
+    in_use: set[Path] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    in_use.add(Path(os.readlink(fd)))
+        with contextlib.suppress(OSError):
+            maps = (proc / "maps").read_text()
+            in_use.update(
+                Path(prefix + line.split(prefix, 1)[1].split()[0])
+                for line in maps.splitlines()
+                if prefix in line
+            )
+    return {path for path in in_use if path.parent == _SHM_DIR}
+
+
+def _remove_leftover_shm(existed_before: set[Path]) -> None:
+    """Remove the /dev/shm files our server left: new since its spawn, ours, and used by nobody.
+
+    Called once its process group is gone. A file another live server uses is still open or
+    mapped there, and files that existed before the spawn are never touched.
+    """
+    uid = os.geteuid()
+    for path in _shm_files() - existed_before - _shm_files_in_use():
+        with contextlib.suppress(OSError):
+            if path.stat().st_uid == uid:
+                path.unlink()
+                logger.debug("removed %s", path)
+
+
+def _pump(source: IO[bytes], log: IO[bytes], secret: bytes | None) -> None:
+    """Copy the server's output to its log line by line, with the API key replaced.
+
+    Keeps draining even if the log cannot be written (disk full): a server blocked on a full
+    stdout pipe would stop serving.
+    """
+    with source, log:
+        for line in iter(source.readline, b""):
+            with contextlib.suppress(OSError):
+                log.write(line.replace(secret, REDACTED.encode()) if secret else line)
+                log.flush()
+
+
+class ServerProcess:
+    """One spawned server: its process group, its log pump, and its /dev/shm leftovers."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, header: str, secret: str | None):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("wb")
+        log.write(header.encode())
+        log.flush()
+        self._shm_before = _shm_files()
+        try:
+            self.popen = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() signals the whole tree
+            )
+        except OSError:
+            log.close()
+            raise
+        assert self.popen.stdout is not None
+        self._pump = threading.Thread(
+            target=_pump,
+            args=(self.popen.stdout, log, secret.encode() if secret else None),
+            name=f"server-log-{self.popen.pid}",
+            daemon=True,
+        )
+        self._pump.start()
+        self.log_path = log_path
+        self._stopped = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def _wait_gone(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.popen.poll() is None or _group_members(self.pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM to the whole group, SIGKILL after `grace_s`; then reap, flush the log, clean shm.
+
+        Idempotent. The group is signalled even when the leader already exited, because SGLang's
+        scheduler children can outlive it.
+        """
+        if self._stopped:
+            return
+        if _group_members(self.pid) or self.alive():
+            self._signal_group(signal.SIGTERM)
+            if not self._wait_gone(grace_s):
+                logger.warning("server pid %d ignored SIGTERM for %.0fs; sending SIGKILL", self.pid, grace_s)
+                self._signal_group(signal.SIGKILL)
+                self._wait_gone(_KILL_WAIT_S)
+        self.popen.wait()
+        self._pump.join(timeout=_KILL_WAIT_S)
+        _remove_leftover_shm(self._shm_before)
+        self._stopped = True
+
+
+# --- one attempt -------------------------------------------------------------------------------
+
+
+def free_port(host: str) -> int:
+    """A port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a busy port: /health would otherwise be answered by whoever holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is fine
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"port {host}:{port} is already in use") from exc
+
+
+def read_api_key(cfg: ServerConfig) -> str | None:
+    """The API key from the environment variable `cfg.api_key_env` names (read at spawn time)."""
+    if cfg.api_key_env is None:
+        return None
+    key = os.environ.get(cfg.api_key_env)
+    if not key:
+        raise RuntimeError(f"api_key_env names {cfg.api_key_env}, but that environment variable is not set")
+    return key
+
+
+def server_url(host: str, port: int) -> str:
+    """Where clients reach a server bound to `host` (a wildcard bind is reached over loopback)."""
+    return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+
+
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _wait_healthy(process: ServerProcess, url: str, timeout_s: float, poll_s: float) -> Outcome:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=max(poll_s, 2.0)) as client:
+        while process.alive():
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{url}/health").status_code == 200:
+                    return "ready"
+            if time.monotonic() > deadline:
+                return "timeout"
+            time.sleep(poll_s)
+    return "failed"
+
+
+def server_kv_capacity(url: str, api_key: str | None) -> int | None:
+    """`max_total_num_tokens` (KV pool size in tokens) from /get_server_info; None if not served."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        info = httpx.get(f"{url}/get_server_info", headers=_auth_headers(api_key), timeout=10.0).json()
+        if isinstance(info, dict) and isinstance(info.get("max_total_num_tokens"), int):
+            return int(info["max_total_num_tokens"])
+    return None
+
+
+def _kv_capacity(url: str, log_path: Path, api_key: str | None) -> int | None:
+    """From the server, else from SGLang's startup log line `max_total_num_tokens=N, ...`."""
+    served = server_kv_capacity(url, api_key)
+    if served is not None:
+        return served
+    ranks = parse_log(log_path.read_text(errors="replace")).startup
+    return next((r.max_total_num_tokens for r in ranks if r.max_total_num_tokens is not None), None)
+
+
+def _header(number: int, fraction: float | None, argv: list[str], cfg: ServerConfig) -> str:
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    env = " ".join(f"{k}={v}" for k, v in shown_env(cfg).items()) or "(none)"
+    return (
+        f"# datagen launch attempt {number} at {started}, mem_fraction_static={fraction}\n"
+        f"# argv: {shlex.join(redact_argv(argv))}\n# env overrides: {env}\n"
+    )
+
+
+@dataclass
+class _Started:
+    process: ServerProcess
+    fraction: float | None
+    max_total_num_tokens: int | None
+
+
+def _attempt(
+    cfg: ServerConfig, port: int, fraction: float | None, number: int
+) -> tuple[LaunchAttempt, _Started | None]:
+    url = server_url(cfg.host, port)
+    api_key = read_api_key(cfg)
+    argv = build_argv(cfg, port, fraction, api_key)
+    stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
+    log_path = cfg.log_dir / f"{cfg.engine}-{port}-{stamp}-attempt{number}.log"
+    _check_port_free(cfg.host, port)
+    began = time.monotonic()
+    process = ServerProcess(
+        argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg), api_key
+    )
+    try:
+        outcome = _wait_healthy(process, url, cfg.startup_timeout_s, cfg.health_poll_s)
+        kv = _kv_capacity(url, log_path, api_key) if outcome == "ready" else None
+    except BaseException:  # Ctrl-C / SIGTERM while starting: never leave the server behind
+        process.stop(cfg.stop_grace_s)
+        raise
+    if outcome == "ready":
+        attempt = LaunchAttempt(number, fraction, outcome, time.monotonic() - began, log_path)
+        return attempt, _Started(process, fraction, kv)
+    process.stop(cfg.stop_grace_s)
+    log = parse_log(log_path.read_text(errors="replace"))
+    in_effect = fraction if fraction is not None else log.args.mem_fraction_static
+    return LaunchAttempt(number, in_effect, outcome, time.monotonic() - began, log_path, log.failure), None
+
+
+def _climb(
+    cfg: ServerConfig, port: int, first: float | None, number: int
+) -> tuple[_Started, list[LaunchAttempt]]:
+    """Attempts from `first` down/up the ladder until one serves; raises StartupFailed."""
+    attempts: list[LaunchAttempt] = []
+    failures: list[tuple[float | None, int]] = []
+    fraction = first
+    while True:
+        attempt, started = _attempt(cfg, port, fraction, number + len(attempts))
+        attempts.append(attempt)
+        logger.info("%s", attempt.describe())
+        if started is not None:
+            return started, attempts
+        failures.append((attempt.fraction, retry_direction(attempt.failure_kind, cfg)))
+        fraction = next_fraction(cfg.mem_fraction_ladder, failures)
+        if fraction is None:
+            raise StartupFailed(attempts)
+
+
+# --- the handle --------------------------------------------------------------------------------
+
+
+class ServerHandle:
+    """A running server started by `launch_with_ladder`: its URL, KV capacity, and lifecycle.
+
+    The port and the fraction that worked are kept, so a restart comes back at the same URL
+    (clients keep working) with the same memory settings, falling back to the ladder only if
+    that start fails.
+    """
+
+    def __init__(self, cfg: ServerConfig, port: int, started: _Started, attempts_so_far: int):
+        self.cfg = cfg
+        self.port = port
+        self.url = server_url(cfg.host, port)
+        self._started = started
+        self._attempts_so_far = attempts_so_far
+
+    @property
+    def pid(self) -> int:
+        return self._started.process.pid
+
+    @property
+    def fraction(self) -> float | None:
+        return self._started.fraction
+
+    @property
+    def max_total_num_tokens(self) -> int | None:
+        return self._started.max_total_num_tokens
+
+    @property
+    def log_path(self) -> Path:
+        return self._started.process.log_path
+
+    def alive(self) -> bool:
+        return self._started.process.alive()
+
+    def stop(self) -> None:
+        self._started.process.stop(self.cfg.stop_grace_s)
+
+    def restart(self) -> list[LaunchAttempt]:
+        """Stop (if still running) and start again on the same port; returns the new attempts."""
+        self.stop()
+        try:
+            started, attempts = _climb(self.cfg, self.port, self.fraction, self._attempts_so_far + 1)
+        except StartupFailed as failed:
+            self._attempts_so_far += len(failed.attempts)
+            raise
+        self._started = started
+        self._attempts_so_far += len(attempts)
+        return attempts
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch_with_ladder(cfg: ServerConfig) -> tuple[ServerHandle, list[LaunchAttempt]]:
+    """Start the configured server, moving along the mem-fraction ladder on memory failures.
+
+    Raises StartupFailed (with every attempt) when no attempt serves.
+    """
+    port = cfg.port or free_port(cfg.host)
+    started, attempts = _climb(cfg, port, cfg.mem_fraction_static, 1)
+    return ServerHandle(cfg, port, started, len(attempts)), attempts

@@ -1,0 +1,120 @@
+"""Category quotas end to end, and runs that survive their server restarting or dying."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from pipeline_support import check_run, rows_on_disk, write_config, write_prompts
+
+from flows.config import load_config
+from flows.runner import execute
+from prompts.dedup import sample_score
+from sglang_launch.simulator import SimConfig, SimulatorProcess
+
+FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+
+
+async def _wait_rows(run_dir: Path, minimum: int) -> None:
+    while rows_on_disk(run_dir) < minimum:
+        await asyncio.sleep(0.05)
+
+
+async def test_two_categories_with_quotas_get_exactly_their_share(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "a.jsonl", 120, tag="a")
+    write_prompts(tmp_path / "b.jsonl", 90, tag="b")
+    quotas = f"""
+quota = {{ count = 25, seed = 3 }}
+
+[[categories]]
+name = "other"
+source = "{tmp_path / "b.jsonl"}"
+format = "messages"
+quota = {{ fraction = 0.5, seed = 3 }}
+generation = {{ max_tokens = 16 }}
+"""
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config = write_config(
+            tmp_path / "run.toml",
+            name="quota",
+            output_dir=tmp_path,
+            url=sim.url,
+            source=tmp_path / "a.jsonl",
+            extra=quotas,
+        )
+        cfg = load_config(config)
+        first = await execute(cfg, use_prefect=False, show_progress=False)
+        again = await execute(cfg, use_prefect=False, show_progress=False)  # resume: nothing new
+    expected_other = {f"b{i:05d}" for i in range(90) if sample_score(3, f"b{i:05d}") < 0.5}
+    counts = {c.name: c.rows for c in first.categories}
+    assert counts == {"chat": 25, "other": len(expected_other)}
+    check = check_run(tmp_path / "quota")
+    assert check.duplicates == 0
+    assert {i for i in check.row_ids if i.startswith("b")} == expected_other
+    assert {c.name: c.rows for c in again.categories} == counts
+
+
+async def test_a_server_restart_mid_run_costs_no_prompt(tmp_path: Path) -> None:
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 600)
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        cfg = load_config(
+            write_config(
+                tmp_path / "run.toml", name="restart", output_dir=tmp_path, url=sim.url, source=source
+            )
+        )
+        run = asyncio.create_task(execute(cfg, use_prefect=False, show_progress=False))
+        await _wait_rows(tmp_path / "restart", 150)
+        await asyncio.to_thread(sim.restart, 4.0)  # all in-flight streams cut, 4 s of 503s
+        status = await run
+        stats = sim.stats()
+    assert stats["restarts"] == 1
+    check = check_run(tmp_path / "restart")
+    assert check.duplicates == 0
+    assert len(check.row_ids) == 600 and check.reject_ids == []  # retries outlasted, then recovered
+    assert status.rows == 600
+
+
+async def test_a_launched_server_that_dies_is_restarted_and_the_run_continues(tmp_path: Path) -> None:
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 500)
+    config = write_config(
+        tmp_path / "run.toml", name="launched", output_dir=tmp_path, url="http://unused", source=source
+    )
+    text = config.read_text().replace('[[endpoints]]\nurl = "http://unused"\n', "")
+    text += f"""
+[server]
+launch = true
+engine = "simulator"
+served_model_name = "sim-model"
+max_total_tokens = 16384
+context_length = 8192
+log_dir = "{tmp_path / "server-logs"}"
+startup_timeout_s = 30
+extra_args = ["--time-scale", "0.02", "--stream-interval-s", "0.02", "--log-level", "warning"]
+"""
+    config.write_text(text)
+    cfg = load_config(config)
+    run = asyncio.create_task(execute(cfg, use_prefect=False, show_progress=False))
+    await _wait_rows(tmp_path / "launched", 100)
+    pids = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    sims = [int(p.name) for p in pids if b"sglang_launch.simulator" in _cmdline(p)]
+    assert len(sims) == 1
+    os.kill(sims[0], signal.SIGKILL)  # the server crashes mid-run
+    status = await run
+    check = check_run(tmp_path / "launched")
+    assert len(check.row_ids) == 500 and check.reject_ids == [] and check.duplicates == 0
+    assert status.rows == 500
+    assert len(list((tmp_path / "server-logs").iterdir())) >= 2  # first start + the restart
+    assert not [
+        p for p in Path("/proc").iterdir() if p.name.isdigit() and b"sglang_launch.simulator" in _cmdline(p)
+    ]
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -1,0 +1,416 @@
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import flows.export as export_module
+from flows.export import (
+    ExportError,
+    ExportFormat,
+    Reasoning,
+    Selection,
+    export_hf,
+    export_specforge,
+    push_export,
+    specforge_message,
+)
+from flows.export_cli import export, summary_lines
+from flows.schema import ROW_FEATURES, normalize_message
+from flows.store import RunStore, shard_files
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+TOOLS_JSON = json.dumps(TOOLS)
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
+
+def _row(
+    rid: str, category: str, messages: list[dict[str, Any]], flags: list[str] | None = None, **extra: Any
+):
+    return {
+        "id": rid,
+        "category": category,
+        "prompt_hash": f"p-{rid}",
+        "source": {"dataset": "d", "split": "train", "row": 0},
+        "messages": [normalize_message(m) for m in messages],
+        "tools": extra.get("tools"),
+        "finish_reason": "length" if flags and "truncated" in flags else "stop",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "reasoning_tokens": 0, "cached_tokens": 0},
+        "model": "m",
+        "sampling": "{}",
+        "endpoint": "http://127.0.0.1:1",
+        "latency_s": 0.5,
+        "ttft_s": 0.1,
+        "attempts": 1,
+        "requests": 1,
+        "created_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "flags": flags or [],
+    }
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def _assistant(text: str | None, reasoning: str | None = None, calls: list | None = None) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, "reasoning_content": reasoning, "tool_calls": calls}
+
+
+CHAT_ROWS = [
+    _row(
+        "a1", "chat", [{"role": "system", "content": "be brief"}, _user("hi"), _assistant("hello", "greet")]
+    ),
+    _row("a2", "chat", [_user("2+2?"), _assistant("4", "\nadd\n")]),
+    _row("a3", "chat", [_user("long"), _assistant("cut", "...")], flags=["truncated"]),
+]
+TOOL_ROWS = [
+    _row(
+        "t1",
+        "tools",
+        [
+            _user("weather in Paris?"),
+            _assistant(None, "need the tool", [CALL]),
+            {"role": "tool", "content": '{"temp": 20}', "tool_call_id": "call_1", "name": "get_weather"},
+            _assistant("20 C"),
+        ],
+        tools=TOOLS_JSON,
+    ),
+    _row("t2", "tools", [_user("x")], flags=["empty", "truncated"], tools=TOOLS_JSON),
+]
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """Two categories, several shards each (flush every 2 rows), one reject-only category."""
+    store = RunStore(tmp_path / "run")
+    store.open_run("fp", {})
+    for category, rows in (("chat", CHAT_ROWS), ("tools", TOOL_ROWS)):
+        writer = store.row_writer(category, flush_rows=2, flush_seconds=1e9)
+        for row in rows:
+            writer.add(row)
+        writer.flush()
+    store.rejects_dir("rejected_only").mkdir(parents=True)
+    assert len(shard_files(store.data_dir("chat"))) == 2
+    return store.run_dir
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _tmp_leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".tmp-"))
+
+
+EXPECTED_T1 = {
+    "id": "t1",
+    "conversations": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "need the tool", "tool_calls": [CALL]},
+        {"role": "tool", "content": '{"temp": 20}', "tool_call_id": "call_1", "name": "get_weather"},
+        {"role": "assistant", "content": "20 C"},
+    ],
+    "tools": TOOLS_JSON,
+}
+
+
+def test_specforge_default_writes_training_rows_with_reasoning_field(run_dir: Path) -> None:
+    result = export_specforge(run_dir)
+
+    assert result.path == run_dir / "exports" / "specforge.jsonl"
+    assert _lines(result.path) == [
+        {
+            "id": "a1",
+            "conversations": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello", "reasoning_content": "greet"},
+            ],
+        },
+        {
+            "id": "a2",
+            "conversations": [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "\nadd\n"},
+            ],
+        },
+        EXPECTED_T1,
+    ]
+    assert result.categories == ["chat", "rejected_only", "tools"]
+    assert dict(result.tally.rows_by_category) == {"chat": 2, "tools": 1}
+    assert result.tally.left_out_rows == 2
+    assert dict(result.tally.left_out_by_flag) == {"truncated": 2, "empty": 1}
+    assert _tmp_leftovers(result.path.parent) == []
+
+
+def test_specforge_line_is_plain_json_with_unicode_kept(run_dir: Path) -> None:
+    path = export_specforge(run_dir, selection=Selection(categories=("chat",))).path
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first == (
+        '{"id": "a1", "conversations": [{"role": "system", "content": "be brief"}, '
+        '{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", '
+        '"reasoning_content": "greet"}]}'
+    )
+
+
+def test_reasoning_inline_and_drop() -> None:
+    message = normalize_message(_assistant("\n4", "\nadd\n"))
+    assert specforge_message(message, Reasoning.INLINE) == {
+        "role": "assistant",
+        "content": "<think>\nadd\n</think>\n\n4",
+    }
+    assert specforge_message(message, Reasoning.DROP) == {"role": "assistant", "content": "\n4"}
+    plain = normalize_message(_assistant("4"))
+    assert specforge_message(plain, Reasoning.INLINE) == {"role": "assistant", "content": "4"}
+
+
+def test_reasoning_inline_in_export(run_dir: Path) -> None:
+    path = export_specforge(
+        run_dir, selection=Selection(categories=("tools",)), reasoning=Reasoning.INLINE
+    ).path
+    (line,) = _lines(path)
+    assert line["conversations"][1] == {
+        "role": "assistant",
+        "content": "<think>\nneed the tool\n</think>\n\n",
+        "tool_calls": [CALL],
+    }
+
+
+def test_tool_call_without_id_leaves_out_the_null() -> None:
+    message = normalize_message(_assistant(None, calls=[{"function": {"name": "f", "arguments": "{}"}}]))
+    assert specforge_message(message, Reasoning.FIELD) == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
+
+
+def test_include_flagged_and_category_selection(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "elsewhere" / "all.jsonl"
+    result = export_specforge(run_dir, out, Selection(categories=("tools",), include_flagged=True))
+
+    assert result.path == out
+    assert [line["id"] for line in _lines(out)] == ["t1", "t2"]
+    assert _lines(out)[1] == {
+        "id": "t2",
+        "conversations": [{"role": "user", "content": "x"}],
+        "tools": TOOLS_JSON,
+    }
+    assert result.tally.left_out_rows == 0
+    assert result.categories == ["tools"]
+
+
+def test_unknown_category_and_missing_run_are_errors(run_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match=r"unknown categories \['nope'\]"):
+        export_specforge(run_dir, selection=Selection(categories=("chat", "nope")))
+    with pytest.raises(ExportError, match="not a run directory"):
+        export_specforge(tmp_path / "missing")
+
+
+def test_repeated_id_in_a_category_is_exported_once(run_dir: Path) -> None:
+    store = RunStore(run_dir)
+    writer = store.row_writer("chat", flush_rows=10, flush_seconds=1e9)
+    writer.add(_row("a1", "chat", [_user("again"), _assistant("dup")]))
+    writer.flush()
+
+    result = export_specforge(run_dir, selection=Selection(categories=("chat",)))
+
+    assert [line["id"] for line in _lines(result.path)] == ["a1", "a2"]
+    assert _lines(result.path)[0]["conversations"][1] == {"role": "user", "content": "hi"}
+    assert result.tally.duplicates == 1
+
+
+def _fail_on_second_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = export_module.specforge_record
+    seen: list[str] = []
+
+    def failing(row: dict[str, Any], reasoning: Reasoning) -> dict[str, Any]:
+        seen.append(row["id"])
+        if len(seen) == 2:
+            raise RuntimeError("disk on fire")
+        return real(row, reasoning)
+
+    monkeypatch.setattr(export_module, "specforge_record", failing)
+
+
+def test_failure_mid_write_leaves_no_file(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fail_on_second_row(monkeypatch)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        export_specforge(run_dir)
+
+    exports = run_dir / "exports"
+    assert sorted(p.name for p in exports.iterdir()) == []
+
+
+def test_failure_mid_write_keeps_the_previous_export(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = export_specforge(run_dir).path
+    before = path.read_bytes()
+    _fail_on_second_row(monkeypatch)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        export_specforge(run_dir, selection=Selection(include_flagged=True))
+
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["specforge.jsonl"]
+
+
+def test_hf_save_to_disk_round_trip(run_dir: Path) -> None:
+    result = export_hf(run_dir)
+
+    assert result.path == run_dir / "exports" / "hf"
+    loaded = datasets.load_from_disk(str(result.path))
+    assert loaded.features == ROW_FEATURES
+    assert loaded["id"] == ["a1", "a2", "t1"]
+    assert loaded[2]["messages"] == [normalize_message(m) for m in TOOL_ROWS[0]["messages"]]
+    assert loaded[0]["created_at"] == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert dict(result.tally.left_out_by_flag) == {"truncated": 2, "empty": 1}
+    assert _tmp_leftovers(result.path.parent) == []
+
+
+def test_hf_include_flagged_replaces_previous_export(run_dir: Path) -> None:
+    export_hf(run_dir)
+    path = export_hf(run_dir, selection=Selection(categories=("tools",), include_flagged=True)).path
+
+    loaded = datasets.load_from_disk(str(path))
+    assert loaded["id"] == ["t1", "t2"]
+    assert loaded["flags"] == [[], ["empty", "truncated"]]
+    assert _tmp_leftovers(path.parent) == []
+
+
+def test_hf_empty_selection_still_has_the_features(run_dir: Path) -> None:
+    path = export_hf(run_dir, selection=Selection(categories=("rejected_only",))).path
+    loaded = datasets.load_from_disk(str(path))
+    assert len(loaded) == 0
+    assert loaded.features == ROW_FEATURES
+
+
+def test_hf_failure_keeps_old_export(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = export_hf(run_dir).path
+
+    def broken(self: datasets.Dataset, *args: Any, **kwargs: Any) -> None:
+        raise OSError("no space left")
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", broken)
+    with pytest.raises(OSError, match="no space left"):
+        export_hf(run_dir, selection=Selection(categories=("tools",)))
+
+    assert datasets.load_from_disk(str(path))["id"] == ["a1", "a2", "t1"]
+    assert _tmp_leftovers(path.parent) == []
+
+
+PushCall = tuple[list[str], tuple[Any, ...], dict[str, Any]]
+
+
+def _record_pushes(monkeypatch: pytest.MonkeyPatch) -> list[PushCall]:
+    """Replace ``Dataset.push_to_hub`` (no network): each call records the rows and the arguments."""
+    calls: list[PushCall] = []
+
+    def fake(self: datasets.Dataset, *args: Any, **kwargs: Any) -> None:
+        calls.append((self["id"], args, kwargs))
+
+    monkeypatch.setattr(datasets.Dataset, "push_to_hub", fake)
+    return calls
+
+
+def test_push_export_pushes_the_saved_dataset_without_a_token(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pushes = _record_pushes(monkeypatch)
+    path = export_hf(run_dir).path
+
+    push_export(path, "org/drafter-data", private=True)
+    push_export(path, "org/public-data")
+
+    assert pushes == [
+        (["a1", "a2", "t1"], ("org/drafter-data",), {"private": True}),
+        (["a1", "a2", "t1"], ("org/public-data",), {"private": None}),
+    ]
+
+
+def test_summary_lines(run_dir: Path) -> None:
+    result = export_specforge(run_dir)
+    assert summary_lines(result) == [
+        "Exported 3 rows (chat 2, rejected_only 0, tools 1) as specforge",
+        "Left out 2 flagged rows (empty 1, truncated 2); --include-flagged keeps them",
+        f"Path: {result.path}",
+        f"Train on it with SpecForge: data.train_data_path: {result.path} in the run config "
+        f"(older scripts/train_eagle3.py: --train-data-path {result.path})",
+        "Reasoning is in `reasoning_content`: use a thinking chat template (parser_type thinking, "
+        "e.g. qwen3-thinking, kimi-k2-thinking), or export with --reasoning inline for a general one.",
+    ]
+    hf = export_hf(run_dir, selection=Selection(categories=("chat",), include_flagged=True))
+    assert summary_lines(hf) == [
+        "Exported 3 rows (chat 3) as hf",
+        f"Path: {hf.path}",
+        f'Load it: datasets.load_from_disk("{hf.path}")',
+    ]
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(export)
+    return app
+
+
+def test_cli_specforge_with_options(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sf.jsonl"
+    args = [str(run_dir), "--format", "specforge", "--out", str(out), "--categories", "chat, tools"]
+    result = CliRunner().invoke(_cli(), [*args, "--include-flagged", "--reasoning", "drop"])
+
+    assert result.exit_code == 0, result.output
+    assert [line["id"] for line in _lines(out)] == ["a1", "a2", "a3", "t1", "t2"]
+    assert _lines(out)[0]["conversations"][2] == {"role": "assistant", "content": "hello"}
+    assert "Exported 5 rows (chat 3, tools 2) as specforge" in result.output
+
+
+def test_cli_hf_push(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pushes = _record_pushes(monkeypatch)
+    args = [str(run_dir), "--format", "hf", "--push-to-hub", "org/d", "--private"]
+    result = CliRunner().invoke(_cli(), args)
+
+    assert result.exit_code == 0, result.output
+    assert pushes == [(["a1", "a2", "t1"], ("org/d",), {"private": True})]
+    assert "Pushed to https://huggingface.co/datasets/org/d" in result.output
+
+
+def test_cli_push_failure_is_one_line_and_keeps_the_export(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: datasets.Dataset, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError("401 [unauthorized]")
+
+    monkeypatch.setattr(datasets.Dataset, "push_to_hub", refuse)
+    result = CliRunner().invoke(_cli(), [str(run_dir), "--format", "hf", "--push-to-hub", "org/d"])
+
+    assert result.exit_code == 3
+    assert "PermissionError: 401 [unauthorized]" in result.output
+    assert (run_dir / "exports" / "hf" / "dataset_info.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "specforge", "--push-to-hub", "org/d"], "use it with --format hf"),
+        (["--format", "hf", "--reasoning", "inline"], "--reasoning applies to --format specforge"),
+        (["--format", "specforge", "--categories", "nope"], "unknown categories"),
+    ],
+)
+def test_cli_refuses_bad_combinations(run_dir: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(_cli(), [str(run_dir), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (run_dir / "exports" / "specforge.jsonl").exists()
+
+
+def test_format_names_are_the_cli_choices() -> None:
+    assert [f.value for f in ExportFormat] == ["specforge", "hf"]
+    assert [r.value for r in Reasoning] == ["field", "inline", "drop"]
