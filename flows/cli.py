@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
+from flows import export_cli
 from flows.config import ConfigError, load_config
-from flows.console import console, print_status
+from flows.console import console, fail, print_status
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
 from flows.session import ConfigProblem
 from flows.status import run_status
@@ -30,11 +31,6 @@ NoPrefect = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code)
-
-
 def _run(coro_factory: object) -> object:
     """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
     from flows.pump import RunAborted
@@ -42,11 +38,11 @@ def _run(coro_factory: object) -> object:
     try:
         return asyncio.run(coro_factory())  # type: ignore[operator]
     except (ConfigError, ConfigProblem, FingerprintMismatch) as error:
-        _fail(str(error))
+        fail(str(error))
     except RunAborted as error:
-        _fail(f"the endpoint refused the run: {error}. Rows finished so far are saved; fix it and rerun.", 3)
+        fail(f"the endpoint refused the run: {error}. Rows finished so far are saved; fix it and rerun.", 3)
     except KeyboardInterrupt:
-        _fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
+        fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
     return None
 
 
@@ -64,7 +60,7 @@ def run(
     try:
         cfg = load_config(config)
     except ConfigError as error:
-        _fail(str(error))
+        fail(str(error))
         return
     _run(lambda: execute(cfg, force=force, use_prefect=not no_prefect))
 
@@ -97,7 +93,7 @@ def status(run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. o
     try:
         print_status(run_status(run_dir))
     except FileNotFoundError as error:
-        _fail(str(error))
+        fail(str(error))
 
 
 @app.command(
@@ -111,6 +107,7 @@ def sim(ctx: typer.Context) -> None:
     serve(config_from_args(list(ctx.args)))
 
 
+app.command()(export_cli.export)
 app.add_typer(gpu_cli.app)
 app.add_typer(launch_cli.app)
 

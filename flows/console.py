@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
+import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -12,6 +15,12 @@ from flows.session import RunSession
 from flows.status import RunStatus
 
 console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One readable error line and a non-zero exit: what every command does with a known problem."""
+    console.print(f"[bold red]error:[/] {escape(message)}")
+    raise typer.Exit(code)
 
 
 class LiveProgress:

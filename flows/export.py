@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from datasets import Dataset, load_from_disk
 
 from flows.schema import ROW_FEATURES
-from flows.store import TMP_PREFIX, RunStore, _fsync_dir, shard_files
+from flows.store import TMP_PREFIX, RunStore, fsync_dir, shard_files
 
 EXPORTS_DIR = "exports"
 BATCH_ROWS = 1024
@@ -225,7 +225,7 @@ def write_lines_atomically(lines: Iterable[str], path: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _swap_in_dir(tmp: Path, path: Path) -> None:
@@ -235,7 +235,7 @@ def _swap_in_dir(tmp: Path, path: Path) -> None:
         old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.old.")) / path.name
         os.replace(path, old)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if old is not None:
         shutil.rmtree(old.parent)
 

@@ -5,12 +5,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
-from rich.markup import escape
 
-from flows.console import console
+from flows.console import console, fail
 from flows.export import (
     ExportError,
     ExportFormat,
@@ -64,11 +63,6 @@ def _print(line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(code)
-
-
 Format = Annotated[
     ExportFormat,
     typer.Option("--format", help="specforge: JSONL for SpecForge; hf: datasets save_to_disk."),
@@ -110,9 +104,9 @@ def export(
 ) -> None:
     """Export RUN_DIR's training rows (flagged rows left out) for a drafter trainer."""
     if fmt is ExportFormat.SPECFORGE and push_to_hub:
-        _fail("--push-to-hub pushes the HF dataset: use it with --format hf")
+        fail("--push-to-hub pushes the HF dataset: use it with --format hf")
     if fmt is ExportFormat.HF and reasoning is not None:
-        _fail("--reasoning applies to --format specforge; hf keeps `reasoning_content` as a column")
+        fail("--reasoning applies to --format specforge; hf keeps `reasoning_content` as a column")
     selection = Selection(categories=_split_categories(categories), include_flagged=include_flagged)
     try:
         if fmt is ExportFormat.SPECFORGE:
@@ -120,14 +114,14 @@ def export(
         else:
             result = export_hf(run_dir, out, selection)
     except ExportError as error:
-        _fail(str(error))
+        fail(str(error))
     for line in summary_lines(result):
         _print(line)
     if push_to_hub:
         try:
             push_export(result.path, push_to_hub, private)
         except Exception as error:  # the Hub client raises many kinds; the local export stands either way
-            _fail(
+            fail(
                 f"push to {push_to_hub} failed ({type(error).__name__}: {error}); the export above is intact",
                 3,
             )

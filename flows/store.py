@@ -37,7 +37,7 @@ class FingerprintMismatch(RuntimeError):
     """The run directory holds data generated with a different prompt/sampling config."""
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -53,7 +53,7 @@ def write_parquet_atomically(table: pa.Table, path: Path) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_json_atomically(payload: Any, path: Path) -> None:
@@ -63,7 +63,7 @@ def write_json_atomically(payload: Any, path: Path) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class ShardWriter:

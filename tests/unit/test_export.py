@@ -414,3 +414,22 @@ def test_cli_refuses_bad_combinations(run_dir: Path, args: list[str], message: s
 def test_format_names_are_the_cli_choices() -> None:
     assert [f.value for f in ExportFormat] == ["specforge", "hf"]
     assert [r.value for r in Reasoning] == ["field", "inline", "drop"]
+
+
+def test_batches_smaller_than_a_shard_give_the_same_export(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = export_specforge(run_dir).path.read_bytes()
+    monkeypatch.setattr(export_module, "BATCH_ROWS", 1)
+    assert export_specforge(run_dir).path.read_bytes() == whole
+
+
+def test_specforge_export_reads_back_with_specforges_json_loader(run_dir: Path, tmp_path: Path) -> None:
+    """SpecForge reads ``load_dataset("json", ...)``: tools and tool-call arguments must stay strings."""
+    path = export_specforge(run_dir).path
+    loaded = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "c"))
+
+    assert loaded["id"] == ["a1", "a2", "t1"]
+    assert loaded["tools"] == [None, None, TOOLS_JSON]
+    call = loaded[2]["conversations"][1]["tool_calls"][0]
+    assert call["function"]["arguments"] == '{"city": "Paris"}'
