@@ -31,7 +31,20 @@ console = Console(width=120)
 
 
 def write_prompts(path: Path, count: int) -> None:
-    words = "alpha beta gamma delta kernel cache decode prefill token batch queue drafter".split()
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "kernel",
+        "cache",
+        "decode",
+        "prefill",
+        "token",
+        "batch",
+        "queue",
+        "drafter",
+    ]
     with path.open("w", encoding="utf-8") as handle:
         for i in range(count):
             text = f"Question {i}: " + " ".join(words[(i + k) % len(words)] for k in range(20 + i % 200))
