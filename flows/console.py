@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -85,23 +85,36 @@ def print_status(status: RunStatus) -> None:
         console.print(table)
 
 
-def print_summary(session: RunSession, status: RunStatus) -> None:
-    """End of run: what was made, how fast, where it is, how to load it."""
-    snap = session.snapshot()
-    wall = snap["elapsed_s"]
-    rate = snap["completion_tokens"] / max(wall, 1e-9)
+def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
+    """End of run: what happened to the source rows, what was made, how fast, where it is, how to load it."""
     print_status(status)
-    data_dir = Path(status.run_dir) / "data"
+    categories = summary["categories"]
+    if categories:
+        table = Table(title="source rows, step by step (this run)")
+        table.add_column("category")
+        for step in categories[0]["steps"]:
+            table.add_column(step, justify="right")
+        for category in categories:
+            table.add_row(category["name"], *(str(v) for v in category["steps"].values()))
+        console.print(table)
+    for category in categories:
+        across = category["duplicates_of_other_categories"]
+        if across:
+            owners = ", ".join(f"{n} in {owner}" for owner, n in across.items())
+            console.print(f"{category['name']}: duplicates of prompts already in other categories: {owners}")
     console.print(
-        f"[bold]This run:[/] {snap['rows']} rows, {snap['rejects']} rejects, "
-        f"{snap['completion_tokens']:,} output tokens in {wall:.1f} s ({rate:,.0f} tok/s, "
-        f"{snap['rows'] / max(wall, 1e-9):.1f} rows/s)"
+        f"[bold]This run:[/] {summary['rows']} rows, {summary['rejects']} rejects, "
+        f"{summary['completion_tokens']:,} output tokens in {summary['seconds']:.1f} s "
+        f"({summary['output_tokens_per_s']:,.0f} tok/s, {summary['rows_per_s']} rows/s)"
+        + (f", server restarts: {summary['server_restarts']}" if summary["server_restarts"] else "")
     )
-    if session.resumed:
-        already = sum(run.counts.already_done for run in session.categories.values())
+    if summary["resumed"]:
+        already = sum(c["steps"]["after dedup"] - c["steps"]["to ask (not done yet)"] for c in categories)
         console.print(f"Resumed: {already} prompts were already done and were not asked again.")
-    console.print(f"[bold]Data:[/] {data_dir}")
+    data_dir = Path(status.run_dir) / "data"
+    console.print(f"[bold]Data:[/] {data_dir}   [bold]Report:[/] {Path(status.run_dir) / 'report.md'}")
     console.print(
-        f'Load it: datasets.load_dataset("parquet", data_dir="{data_dir}")  '
-        "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`)"
+        f'Load it: datasets.load_dataset("parquet", data_dir="{data_dir}") '
+        "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`, "
+        "or `datagen export` the training split)"
     )

@@ -16,6 +16,7 @@ from typing import Any
 from flows.config import RunConfig, parse_config
 from flows.console import LiveProgress, print_summary
 from flows.pipeline import run_plain
+from flows.report import write_report
 from flows.session import RunSession
 from flows.status import RunStatus, run_status
 from sglang_launch.simulator import SimConfig
@@ -56,23 +57,27 @@ async def execute(
     progress = LiveProgress(total) if show_progress else None
     if progress is not None:
         session.reporters.append(progress.update)
-    async with session:
-        if progress is not None:
-            progress.__enter__()
-        try:
-            if use_prefect:
-                from flows.prefect_flow import run_with_prefect
-
-                await run_with_prefect(session)
-            else:
-                await run_plain(session)
-        finally:
-            await session.report()
+    try:
+        async with session:
             if progress is not None:
-                progress.__exit__(None, None, None)
-    status = run_status(config.run_dir)
+                progress.__enter__()
+            try:
+                if use_prefect:
+                    from flows.prefect_flow import run_with_prefect
+
+                    await run_with_prefect(session)
+                else:
+                    await run_plain(session)
+            finally:
+                await session.report()
+                if progress is not None:
+                    progress.__exit__(None, None, None)
+    finally:
+        if session.fingerprint:  # the run directory was opened: explain it, even after a failure
+            status = run_status(config.run_dir)
+            summary = write_report(session, status)
     if show_progress:
-        print_summary(session, status)
+        print_summary(summary, status)
     return status
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -49,6 +50,12 @@ async def test_2000_prompts_with_faults_end_as_exactly_one_row_or_reject(tmp_pat
     assert ds.features == ROW_FEATURES
     assert len(ds) == len(check.row_ids)
     assert sum(ds["attempts"]) > len(ds)
+    summary = json.loads((tmp_path / "scale" / "summary.json").read_text())
+    assert summary["rows"] == len(check.row_ids) and summary["rejects"] == 2000 - len(check.row_ids)
+    (chat,) = summary["categories"]
+    assert chat["steps"]["read"] == 2000 and chat["steps"]["converted"] == good
+    assert chat["conversion_rejects"] == {"no user turn": 2000 - good}
+    assert "| chat | 2000 |" in (tmp_path / "scale" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("prefect", [False, True], ids=["plain", "prefect"])

@@ -45,7 +45,12 @@ async def test_tool_replay_keeps_recorded_results_for_matching_calls(tmp_path: P
         cfg = _config(
             tmp_path,
             sim.url,
-            {"name": "tools", "source": str(FIXTURES / "glaive.jsonl"), "format": "glaive", "mode": "tool_replay"},
+            {
+                "name": "tools",
+                "source": str(FIXTURES / "glaive.jsonl"),
+                "format": "glaive",
+                "mode": "tool_replay",
+            },
         )
         status = await execute(cfg, use_prefect=False, show_progress=False)  # type: ignore[arg-type]
     ds = load_dataset("parquet", data_dir=str(tmp_path / "modes" / "data"), split="train")

@@ -55,7 +55,7 @@ def test_bundled_sample_category_resolves_its_local_source() -> None:
 def test_unknown_category_and_bad_filters_name_the_key() -> None:
     with pytest.raises(ConfigError, match=r"categories\[0\].use: no category file named 'nope'"):
         parse_config({**RUN, "categories": [{"use": "nope"}]})
-    with pytest.raises(ConfigError, match="filters.min_average_test_score"):
+    with pytest.raises(ConfigError, match=r"filters\.min_average_test_score"):
         parse_config(
             {**RUN, "categories": [{"name": "B2_opencodeinstruct", "filters": {"min_average_test_score": 7}}]}
         )
@@ -76,7 +76,8 @@ def test_category_files_next_to_the_config_win_over_bundled_ones(tmp_path: Path)
     )
     (tmp_path / "categories" / "local.jsonl").write_text("{}\n")
     (tmp_path / "run.toml").write_text(
-        '[run]\nname = "x"\n[[endpoints]]\nurl = "http://127.0.0.1:1"\n[[categories]]\nname = "B4_ultrachat"\n'
+        '[run]\nname = "x"\n[[endpoints]]\nurl = "http://127.0.0.1:1"\n'
+        '[[categories]]\nname = "B4_ultrachat"\n'
     )
     cfg = load_config(tmp_path / "run.toml")
     assert cfg.category("B4_ultrachat").source == str((tmp_path / "categories" / "local.jsonl").resolve())

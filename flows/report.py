@@ -1,0 +1,139 @@
+"""The end-of-run report: what happened to every source row, what it cost, where the data is.
+
+Written to the run directory (``summary.json`` for scripts, ``report.md`` for people) at the end of
+every run or resume, so a run that finished overnight explains itself in the morning.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from flows.prompt_stream import StreamCounts
+from flows.status import RunStatus
+from flows.store import write_json_atomically
+
+if TYPE_CHECKING:
+    from flows.session import RunSession
+
+SUMMARY = "summary.json"
+REPORT = "report.md"
+STEP_NAMES = [name for name, _ in StreamCounts().steps()]
+
+
+def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
+    """This run's numbers (stream steps, requests, tokens, speed) beside the totals on disk."""
+    elapsed = session.elapsed_s()
+    categories = []
+    on_disk = {c.name: c for c in status.categories}
+    for name, run in session.categories.items():
+        counts, tally, disk = run.counts, run.sink.tally, on_disk.get(name)
+        categories.append(
+            {
+                "name": name,
+                "steps": dict(counts.steps()),
+                "filtered": dict(counts.filtered),
+                "conversion_rejects": dict(counts.rejected),
+                "duplicates": counts.duplicates,
+                "duplicates_of_other_categories": dict(counts.duplicates_across),
+                "this_run": {
+                    "rows": tally.rows,
+                    "rejects": tally.rejects,
+                    "truncated": tally.truncated,
+                    "prompt_tokens": tally.prompt_tokens,
+                    "completion_tokens": tally.completion_tokens,
+                    "reasoning_tokens": tally.reasoning_tokens,
+                    "retried_attempts": tally.retried_attempts,
+                    "recovered_after_outage": tally.recovered,
+                    "reject_reasons": dict(tally.reject_reasons),
+                },
+                "total": None
+                if disk is None
+                else {
+                    "rows": disk.rows,
+                    "training_rows": disk.training_rows,
+                    "rejects": disk.rejects,
+                    "completion_tokens": disk.completion_tokens,
+                },
+            }
+        )
+    snap = session.snapshot()
+    return {
+        "run": session.config.run.name,
+        "run_dir": str(session.store.run_dir),
+        "fingerprint": session.fingerprint,
+        "model": session.model,
+        "finished_at": datetime.now(UTC).isoformat(),
+        "resumed": session.resumed,
+        "seconds": round(elapsed, 3),
+        "rows": snap["rows"],
+        "rejects": snap["rejects"],
+        "completion_tokens": snap["completion_tokens"],
+        "output_tokens_per_s": round(snap["completion_tokens"] / max(elapsed, 1e-9), 1),
+        "rows_per_s": round(snap["rows"] / max(elapsed, 1e-9), 2),
+        "server_restarts": sum(e.guard.restarts for e in session.endpoints),
+        "categories": categories,
+    }
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        f"# Run `{summary['run']}`",
+        "",
+        f"Model `{summary['model']}`, config fingerprint `{summary['fingerprint']}`, "
+        f"finished {summary['finished_at']}" + (" (resumed)." if summary["resumed"] else "."),
+        "",
+        f"This run: {summary['rows']} rows, {summary['rejects']} rejects, "
+        f"{summary['completion_tokens']:,} output tokens in {summary['seconds']:.0f} s "
+        f"({summary['output_tokens_per_s']:,.0f} tok/s, "
+        f"{summary['rows_per_s']} rows/s); server restarts: {summary['server_restarts']}.",
+        "",
+        "## Source rows, step by step",
+        "",
+        "| category | " + " | ".join(STEP_NAMES) + " |",
+        "|---|" + "---:|" * len(STEP_NAMES),
+    ]
+    for category in summary["categories"]:
+        lines.append(
+            f"| {category['name']} | " + " | ".join(str(v) for v in category["steps"].values()) + " |"
+        )
+    lines += ["", "## Why rows were left out", ""]
+    for category in summary["categories"]:
+        reasons = {
+            **{f"filter: {k}": v for k, v in category["filtered"].items()},
+            **{f"convert: {k}": v for k, v in category["conversion_rejects"].items()},
+            **{
+                f"request: {k}": v
+                for k, v in category["this_run"]["reject_reasons"].items()
+                if k not in category["conversion_rejects"]
+            },
+        }
+        if category["duplicates"]:
+            reasons["duplicate prompt"] = category["duplicates"]
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            lines.append(f"- {category['name']}: {reason} — {count}")
+    lines += [
+        "",
+        "## Load it",
+        "",
+        "```python",
+        "import datasets",
+        f'ds = datasets.load_dataset("parquet", data_dir="{summary["run_dir"]}/data", split="train")',
+        'train = ds.filter(lambda row: not row["flags"])',
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(session: RunSession, status: RunStatus) -> dict[str, Any]:
+    summary = run_summary(session, status)
+    run_dir = session.store.run_dir
+    write_json_atomically(summary, run_dir / SUMMARY)
+    (run_dir / REPORT).write_text(report_markdown(summary), encoding="utf-8")
+    (run_dir / "reports").mkdir(exist_ok=True)
+    stamp = summary["finished_at"].replace(":", "").replace("-", "")[:15]
+    (run_dir / "reports" / f"summary-{stamp}.json").write_text(
+        json.dumps(summary, indent=2), encoding="utf-8"
+    )
+    return summary
