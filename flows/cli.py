@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from flows import export_cli
+from flows import export_cli, prompts_cli
 from flows.config import ConfigError, load_config
 from flows.console import console, fail, print_status
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
@@ -108,6 +108,7 @@ def sim(ctx: typer.Context) -> None:
 
 
 app.command()(export_cli.export)
+app.add_typer(prompts_cli.app)
 app.add_typer(gpu_cli.app)
 app.add_typer(launch_cli.app)
 

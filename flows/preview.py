@@ -278,5 +278,8 @@ def find_category(name: str, config: Path | None = None) -> CategoryConfig:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or name}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or name}: {e['msg'].removeprefix('Value error, ')}"
+            for e in error.errors()
+        )
         raise ConfigError(f"{path}: {problems}") from None

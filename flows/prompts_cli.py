@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from flows.config import ConfigError
-from flows.console import console
+from flows.console import console, fail
 from flows.preview import (
     Example,
     LengthStats,
@@ -34,11 +34,6 @@ app = typer.Typer(
 )
 
 DEFAULT_ROWS = 10_000
-
-
-def _fail(message: str) -> NoReturn:
-    console.print(Text.assemble(("error: ", "bold red"), message))
-    raise typer.Exit(2)
 
 
 @app.command()
@@ -68,7 +63,7 @@ def preview(
     try:
         chosen = find_category(category, config)
     except ConfigError as error:
-        _fail(str(error))
+        fail(str(error))
     try:
         report = build_preview(
             chosen,
@@ -79,7 +74,7 @@ def preview(
         )
     except (OSError, ValueError) as error:
         where = "" if chosen.source in str(error) else f" {chosen.source}"
-        _fail(f"cannot read the source of {chosen.name}:{where} {error}")
+        fail(f"cannot read the source of {chosen.name}:{where} {error}")
     if json_out:
         typer.echo(json.dumps(asdict(report), ensure_ascii=False, indent=2))
     else:

@@ -322,6 +322,19 @@ def test_an_unknown_category_lists_the_known_ones(tmp_path: Path) -> None:
     assert find_category("mine", config).source == "data.jsonl"
 
 
+def test_a_broken_category_file_is_a_config_error_naming_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.toml"
+    monkeypatch.setattr("flows.preview.category_file", lambda name: broken)
+    broken.write_text("name = ", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{broken}: not valid TOML"):
+        find_category("broken")
+    broken.write_text("source = 'x.jsonl'\nformat = 'nope'\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{broken}: broken: format 'nope' is unknown; known: "):
+        find_category("broken")
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 
@@ -350,6 +363,14 @@ def test_preview_json_is_the_report(fixtures_dir: Path, tmp_path: Path) -> None:
     assert [e["id"] for e in document["examples"]] == [
         "71c49bf5cd0db36d29835440fa10f15c30bbc51daf323acd8f836e820720143b"
     ]
+
+
+def test_preview_of_a_bundled_category() -> None:
+    result = CliRunner().invoke(_cli(), ["prompts", "preview", "sample_ultrachat", "-n", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["settings"]["format"] == "messages"
+    assert document["steps"][0] == ["read", 50] and document["examples"] == []
 
 
 def _flat(text: str) -> str:
