@@ -25,32 +25,10 @@ from rich.table import Table
 from flows.config import parse_config
 from flows.runner import execute
 from prompts.readers import iter_rows
+from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
 console = Console(width=120)
-
-
-def write_prompts(path: Path, count: int) -> None:
-    words = [
-        "alpha",
-        "beta",
-        "gamma",
-        "delta",
-        "kernel",
-        "cache",
-        "decode",
-        "prefill",
-        "token",
-        "batch",
-        "queue",
-        "drafter",
-    ]
-    with path.open("w", encoding="utf-8") as handle:
-        for i in range(count):
-            text = f"Question {i}: " + " ".join(words[(i + k) % len(words)] for k in range(20 + i % 200))
-            handle.write(
-                json.dumps({"prompt_id": f"q{i}", "messages": [{"role": "user", "content": text}]}) + "\n"
-            )
 
 
 async def baseline(url: str, source: Path, out: Path, concurrency: int, max_tokens: int) -> tuple[int, int]:
@@ -104,7 +82,7 @@ def main() -> None:
     results: dict[str, tuple[int, int, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "prompts.jsonl"
-        write_prompts(source, args.prompts)
+        write_synthetic_prompts(source, args.prompts, max_words=200)
         sim_cfg = SimConfig(
             time_scale=0.02, stream_interval_s=0.02, log_level="warning", stop_probability=0.5
         )

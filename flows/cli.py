@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,19 +33,30 @@ NoPrefect = Annotated[
 ]
 
 
-def _run(coro_factory: object) -> object:
-    """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
-    from flows.pump import RunAborted
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a scheduler, `kill`) stops like Ctrl-C: buffered rows are flushed before exit."""
+    raise KeyboardInterrupt
 
+
+def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
+    """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
+    from flows.pipeline import SourceError
+    from flows.pump import RunAborted
+    from sglang_launch.launcher import StartupFailed
+
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return asyncio.run(coro_factory())  # type: ignore[operator]
+        asyncio.run(make())
     except (ConfigError, ConfigProblem, FingerprintMismatch) as error:
         fail(str(error))
+    except SourceError as error:
+        fail(f"{error}. Rows of the other categories are saved; fix the source and rerun to resume.")
+    except StartupFailed as error:
+        fail(f"{error}. Server logs: the run directory's server-logs/ (see `datagen diagnose`).", 4)
     except RunAborted as error:
         fail(f"the endpoint refused the run: {error}. Rows finished so far are saved; fix it and rerun.", 3)
     except KeyboardInterrupt:
         fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
-    return None
 
 
 @app.command()

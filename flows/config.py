@@ -12,15 +12,33 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from prompts.categories import expand
 from sglang_launch.server_config import ServerConfig
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _safe_name(value: str) -> str:
+    """Names become folder names: no slashes, no dots first, nothing a shell would trip on."""
+    if not _NAME.match(value):
+        raise ValueError("use letters, digits, '_', '-' or '.', starting with a letter or digit")
+    return value
+
+
+SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
 class ConfigError(ValueError):
@@ -50,15 +68,8 @@ DEFAULT_GENERATION = GenerationConfig(max_tokens=2048, temperature=0.7, top_p=1.
 
 
 class RunSection(_Strict):
-    name: str = Field(description="Run name: the folder under output_dir.")
+    name: SafeName = Field(description="Run name: the folder under output_dir.")
     output_dir: Path = Path("output")
-
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("use letters, digits, '_', '-' or '.', starting with a letter or digit")
-        return value
 
 
 class EndpointConfig(_Strict):
@@ -133,7 +144,7 @@ RegenMode = Literal["first_turn", "all_turns", "tool_replay"]
 
 
 class CategoryConfig(_Strict):
-    name: str
+    name: SafeName
     source: str = Field(description="Local file/dir (relative to the config file) or a Hugging Face id.")
     format: str = Field(description="Converter name, e.g. 'messages' or 'sharegpt'.")
     split: str = "train"
@@ -145,13 +156,6 @@ class CategoryConfig(_Strict):
     quota: QuotaConfig | None = None
     limit: int | None = Field(default=None, gt=0, description="Take at most this many prompts.")
     generation: GenerationConfig = GenerationConfig()
-
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("use letters, digits, '_', '-' or '.', starting with a letter or digit")
-        return value
 
     @model_validator(mode="after")
     def _known_format(self) -> CategoryConfig:

@@ -14,7 +14,7 @@ from rich.table import Table
 from flows.session import RunSession
 from flows.status import RunStatus
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs and pipes
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

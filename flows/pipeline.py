@@ -12,11 +12,16 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from flows.prompt_stream import category_items, take
-from flows.pump import pump_shard
+from flows.pump import RunAborted, pump_shard
 from flows.session import RunSession
 
 ShardRunner = Callable[[str, str, int], Coroutine[Any, Any, None]]
 """(session key, category, shard index) -> shard done. Prefect's task or a plain coroutine."""
+
+
+class SourceError(RuntimeError):
+    """A category's prompt source could not be read (missing file, Hub unreachable, corrupt file)."""
+
 
 SESSIONS: dict[str, RunSession] = {}
 """Live sessions by key: Prefect parameters stay small strings, the objects stay in this process."""
@@ -55,9 +60,14 @@ async def run_category(session_key: str, category: str, shard_runner: ShardRunne
     window = shard_window(session)
     active: set[asyncio.Task[None]] = set()
     index = 0
+    unreadable: SourceError | None = None
     try:
         while True:
-            shard = await asyncio.to_thread(take, items, size)
+            try:
+                shard = await asyncio.to_thread(take, items, size)
+            except Exception as error:  # the shards already running still finish and are saved
+                unreadable = SourceError(f"category {category}: cannot read {run.config.source}: {error}")
+                break
             if not shard:
                 break
             session.shards[(category, index)] = shard
@@ -76,6 +86,8 @@ async def run_category(session_key: str, category: str, shard_runner: ShardRunne
             task.cancel()
         if active:
             await asyncio.gather(*active, return_exceptions=True)
+    if unreadable is not None:
+        raise unreadable
     run.finished = True
 
 
@@ -83,7 +95,16 @@ async def run_categories(session_key: str, category_runner: Callable[[str, str],
     """All categories at once: they share the limiter, so the endpoint never idles between them."""
     session = SESSIONS[session_key]
     await asyncio.to_thread(session.load_states)
-    await asyncio.gather(*(category_runner(session_key, c.name) for c in session.config.categories))
+    results = await asyncio.gather(
+        *(category_runner(session_key, c.name) for c in session.config.categories), return_exceptions=True
+    )
+    failures = [r for r in results if isinstance(r, BaseException)]
+    aborted = [f for f in failures if isinstance(f, RunAborted)]
+    others = [f for f in failures if not isinstance(f, SourceError | RunAborted)]
+    if aborted or others:
+        raise (aborted or others)[0]
+    if failures:  # only unreadable sources: the other categories ran to the end
+        raise SourceError("; ".join(str(f) for f in failures))
 
 
 async def run_plain(session: RunSession) -> None:

@@ -17,8 +17,9 @@ from flows.config import RunConfig, parse_config
 from flows.console import LiveProgress, print_summary
 from flows.pipeline import run_plain
 from flows.report import write_report
-from flows.session import RunSession
+from flows.session import ConfigProblem, RunSession
 from flows.status import RunStatus, run_status
+from prompts.readers import missing_local
 from sglang_launch.simulator import SimConfig
 
 QUIET_ENV = {
@@ -51,6 +52,9 @@ async def execute(
     show_progress: bool = True,
 ) -> RunStatus:
     """Run (or resume) the config; return the status read back from disk."""
+    missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
+    if missing:
+        raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
     session = RunSession(config, force=force, endpoint_urls=endpoint_urls)
     limits = [c.limit for c in config.categories]
     total = None if any(limit is None for limit in limits) else sum(limit or 0 for limit in limits)

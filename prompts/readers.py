@@ -26,9 +26,14 @@ Row = dict[str, Any]
 DataFiles = str | Sequence[str] | dict[str, str | Sequence[str]] | None
 
 
-def _looks_local(source: str) -> bool:
+def looks_local(source: str) -> bool:
     """A path the user meant as a file: used to fail fast instead of asking the Hub for it."""
     return source.startswith(("/", "./", "../", "~")) or source.endswith(LOCAL_SUFFIXES)
+
+
+def missing_local(source: str) -> bool:
+    """A source meant as a local path that is not there (checked before a run spends anything)."""
+    return looks_local(source) and not Path(source).expanduser().exists()
 
 
 def _invalid(where: str, why: str) -> Row:
@@ -130,7 +135,7 @@ def iter_rows(
         rows = _file_rows(path)
     elif path.is_dir():
         rows = (row for file in _directory_files(path, data_files) for row in _file_rows(file))
-    elif _looks_local(source):
+    elif looks_local(source):
         raise FileNotFoundError(f"{source}: no such file or directory")
     else:
         rows = _hub_rows(source, split, subset, data_files)

@@ -7,7 +7,6 @@ contract: every prompt is one row or one reject, no id twice, every shard readab
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,44 +18,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "kernel",
-    "cache",
-    "decode",
-    "prefill",
-    "token",
-    "batch",
-    "queue",
-    "drafter",
-]
+from prompts.synthetic import write_synthetic_prompts
 
-
-def write_prompts(path: Path, count: int, *, bad_every: int = 0, long_every: int = 0, tag: str = "p") -> int:
-    """``count`` UltraChat-style rows with ids <tag>00000...; some unusable or over-long on purpose.
-
-    Returns how many rows are convertible (the rest must end as conversion rejects).
-    """
-    good = 0
-    with path.open("w", encoding="utf-8") as handle:
-        for i in range(count):
-            if bad_every and i % bad_every == bad_every - 1:
-                row = {
-                    "prompt_id": f"p{i:05d}",
-                    "messages": [{"role": "assistant", "content": "no question"}],
-                }
-            else:
-                words = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(5 + i % 40))
-                text = f"Question {tag}{i}: explain {words}."
-                if long_every and i % long_every == long_every - 1:
-                    text = text + " filler" * 8000
-                row = {"prompt_id": f"{tag}{i:05d}", "messages": [{"role": "user", "content": text}]}
-                good += 1
-            handle.write(json.dumps(row) + "\n")
-    return good
+write_prompts = write_synthetic_prompts
 
 
 def write_config(path: Path, *, name: str, output_dir: Path, url: str, source: Path, extra: str = "") -> Path:

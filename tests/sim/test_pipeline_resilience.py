@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
-from pipeline_support import check_run, rows_on_disk, write_config, write_prompts
+from pipeline_support import check_run, datagen, rows_on_disk, write_config, write_prompts
 
 from flows.config import load_config
 from flows.runner import execute
@@ -121,3 +122,76 @@ def _our_simulators() -> list[int]:
         if parent == os.getpid() and b"sglang_launch.simulator" in cmdline:
             found.append(int(proc.name))
     return found
+
+
+def test_sigterm_flushes_buffered_rows_and_exits_for_a_resume(tmp_path: Path) -> None:
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 3000)
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config = write_config(
+            tmp_path / "run.toml", name="term", output_dir=tmp_path, url=sim.url, source=source
+        )
+        # nothing reaches disk on its own: only the shutdown flush can save these rows
+        config.write_text(
+            config.read_text()
+            .replace("flush_rows = 50", "flush_rows = 100000")
+            .replace("flush_seconds = 1", "flush_seconds = 3600")
+        )
+        proc = datagen("run", str(config), "--no-prefect")
+        deadline = time.monotonic() + 60
+        while not (sim.stats()["requests_completed"] > 200 or time.monotonic() > deadline):
+            time.sleep(0.1)
+        assert rows_on_disk(tmp_path / "term") == 0
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out.decode()[-2000:]
+        assert b"run the same command again to resume" in out
+        saved = rows_on_disk(tmp_path / "term")
+        assert saved > 200
+        again = datagen("run", str(config), "--no-prefect")
+        assert again.wait(timeout=300) == 0
+    check = check_run(tmp_path / "term")
+    assert len(check.row_ids) == 3000 and check.duplicates == 0
+
+
+def test_an_unreadable_source_fails_its_category_only_and_says_why(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "good.jsonl", 100)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "part-0.parquet").write_bytes(b"PAR1 this is not parquet")
+    extra = f"""
+[[categories]]
+name = "broken"
+source = "{broken}"
+format = "messages"
+"""
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config = write_config(
+            tmp_path / "run.toml",
+            name="src",
+            output_dir=tmp_path,
+            url=sim.url,
+            source=tmp_path / "good.jsonl",
+            extra=extra,
+        )
+        proc = datagen("run", str(config), "--no-prefect")
+        out, _ = proc.communicate(timeout=120)
+    text = out.decode()
+    assert proc.returncode == 2, text[-2000:]
+    assert "category broken: cannot read" in text and "Traceback" not in text
+    assert len(check_run(tmp_path / "src").row_ids) == 100  # the other category ran to the end
+
+
+def test_a_missing_local_source_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "run.toml",
+        name="none",
+        output_dir=tmp_path,
+        url="http://127.0.0.1:9",
+        source=tmp_path / "nope.jsonl",
+    )
+    proc = datagen("run", str(config), "--no-prefect")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert b"prompt source not found (chat:" in out
+    assert not (tmp_path / "none").exists()
