@@ -40,6 +40,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
+    from flows.errors import RequestError
     from flows.pipeline import SourceError
     from flows.pump import RunAborted
     from sglang_launch.launcher import StartupFailed
@@ -55,6 +56,8 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"{error}. Server logs: the run directory's server-logs/ (see `datagen diagnose`).", 4)
     except RunAborted as error:
         fail(f"the endpoint refused the run: {error}. Rows finished so far are saved; fix it and rerun.", 3)
+    except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
+        fail(f"cannot use the endpoint: {error}", 3)
     except KeyboardInterrupt:
         fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
 

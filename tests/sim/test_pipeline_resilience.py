@@ -195,3 +195,19 @@ def test_a_missing_local_source_is_refused_before_anything_starts(tmp_path: Path
     assert proc.returncode == 2
     assert b"prompt source not found (chat:" in out
     assert not (tmp_path / "none").exists()
+
+
+def test_an_unreachable_endpoint_is_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "p.jsonl", 5)
+    config = write_config(
+        tmp_path / "run.toml",
+        name="down",
+        output_dir=tmp_path,
+        url="http://127.0.0.1:9",
+        source=tmp_path / "p.jsonl",
+    )
+    config.write_text(config.read_text().replace("max_attempts = 6", "max_attempts = 2"))
+    proc = datagen("run", str(config), "--no-prefect")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert b"cannot use the endpoint" in out and b"Traceback" not in out
