@@ -25,7 +25,7 @@ from flows.sampling import SamplingParams
 from flows.store import CategoryState, RunStore
 from prompts.dedup import DedupIndex
 from sglang_launch.engine import Engine, LaunchedEngine
-from sglang_launch.server_config import ServerConfig
+from sglang_launch.server_config import SERVER_LOGS, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class RunSession:
         server = self.config.server
         if server is not None and server.launch:
             if server.log_dir == ServerConfig.model_fields["log_dir"].default:
-                server = server.model_copy(update={"log_dir": self.config.run_dir / "server-logs"})
+                server = server.model_copy(update={"log_dir": self.config.run_dir / SERVER_LOGS})
             self.engine = LaunchedEngine(server)
             await asyncio.to_thread(self.engine.ensure_running)
             targets.append((self.engine.url, server.served_model_name, server.api_key_env, True, self.engine))

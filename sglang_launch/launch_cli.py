@@ -20,18 +20,27 @@ from rich.console import Console
 from rich.table import Table
 
 from sglang_launch.launcher import LaunchAttempt, StartupFailed, launch_with_ladder
-from sglang_launch.server_config import EngineKind, EnvPreset, ParserPreset, ServerConfig
+from sglang_launch.server_config import SERVER_LOGS, EngineKind, EnvPreset, ParserPreset, ServerConfig
 
 app = typer.Typer(help="Start an inference server with memory settings that fit.", no_args_is_help=True)
 console = Console()
 
 
 def load_server_section(path: Path) -> dict[str, Any]:
-    """The `[server]` table of a TOML run config (empty if it has none)."""
+    """The `[server]` table of a TOML run config (empty if it has none).
+
+    Unless the table names a `log_dir`, logs go to the run directory (`[run]` output_dir/name), so
+    the log of a launch sits beside the data it served.
+    """
     with path.open("rb") as f:
-        section = tomllib.load(f).get("server", {})
+        data = tomllib.load(f)
+    section = data.get("server", {})
     if not isinstance(section, dict):
         raise typer.BadParameter(f"[server] in {path} is not a table")
+    run = data.get("run", {})
+    if "log_dir" not in section and isinstance(run, dict) and isinstance(run.get("name"), str):
+        output_dir = Path(run.get("output_dir", "output"))
+        section = {**section, "log_dir": output_dir / run["name"] / SERVER_LOGS}
     return section
 
 

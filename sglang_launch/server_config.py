@@ -13,6 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+SERVER_LOGS = "server-logs"
+"""The run directory's folder for server logs (`datagen run` and `datagen launch --config` use it)."""
+
 EngineKind = Literal["sglang", "simulator"]
 ParserPreset = Literal["kimi_k2"]
 EnvPreset = Literal["pcie_nccl"]

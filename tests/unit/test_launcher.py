@@ -417,3 +417,13 @@ def test_simulator_runs_behind_the_same_engine_interface(tmp_path: Path) -> None
 )
 def test_server_url_reaches_a_wildcard_bind_over_loopback(host: str, url: str) -> None:
     assert server_url(host, 30000) == url
+
+
+def test_launch_config_logs_go_to_the_run_directory_unless_told(tmp_path: Path) -> None:
+    from sglang_launch.launch_cli import load_server_section
+
+    config = tmp_path / "run.toml"
+    config.write_text('[run]\nname = "r1"\noutput_dir = "out"\n[server]\nmodel_path = "m"\n')
+    assert load_server_section(config)["log_dir"] == Path("out") / "r1" / "server-logs"
+    config.write_text('[run]\nname = "r1"\n[server]\nmodel_path = "m"\nlog_dir = "/var/log/x"\n')
+    assert load_server_section(config)["log_dir"] == "/var/log/x"
