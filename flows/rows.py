@@ -34,7 +34,6 @@ def output_row(
 ) -> dict[str, Any]:
     """The stored row: the conversation as regenerated (prompt turns + new assistant turns)."""
     usage = regenerated.usage
-    last = regenerated.generations[-1].message
     return {
         "id": record.id,
         "category": record.category,
@@ -58,8 +57,16 @@ def output_row(
         "attempts": regenerated.attempts,
         "requests": len(regenerated.generations),
         "created_at": _now(),
-        "flags": quality_flags(last, regenerated.finish_reason, record.tools),
+        "flags": _flags(regenerated, record.tools),
     }
+
+
+def _flags(regenerated: Regenerated, tools: list[dict[str, Any]] | None) -> list[str]:
+    """Quality flags of every regenerated turn, each flag once, in first-seen order."""
+    flags: dict[str, None] = {}
+    for generation in regenerated.generations:
+        flags.update(dict.fromkeys(quality_flags(generation.message, generation.finish_reason, tools)))
+    return list(flags)
 
 
 def reject_row(

@@ -91,3 +91,36 @@ def test_reject_row_truncates_detail_and_raw_ids_are_stable() -> None:
     assert len(row["detail"]) == 2000 and row["retryable"] is False
     assert raw_row_id({"a": 1, "b": [2]}) == raw_row_id({"b": [2], "a": 1})
     assert raw_row_id({"a": 1}) != raw_row_id({"a": 2})
+
+
+def test_flags_cover_every_regenerated_turn_once() -> None:
+    record = PromptRecord(
+        id="p",
+        category="c",
+        source=SourceRef("d", "s", 0),
+        messages=[{"role": "user", "content": "q"}],
+        tools=TOOLS,
+    )
+    usage = Usage(prompt_tokens=1, completion_tokens=1, reasoning_tokens=0, cached_tokens=0)
+    bad_call = Generation(
+        message={"role": "assistant", "content": None, "tool_calls": [_call("get_weather", "{oops")]},
+        finish_reason="tool_calls",
+        usage=usage,
+        model="m",
+        latency_s=0.1,
+        ttft_s=0.1,
+        attempts=1,
+    )
+    cut = Generation(
+        message={"role": "assistant", "content": "partial", "tool_calls": None},
+        finish_reason="length",
+        usage=usage,
+        model="m",
+        latency_s=0.1,
+        ttft_s=0.1,
+        attempts=1,
+    )
+    regenerated = Regenerated(messages=[], generations=[bad_call, bad_call, cut], stop_reason="truncated")
+    row = output_row(record, regenerated, SamplingParams(max_tokens=4), "http://x")
+    assert row["flags"] == ["bad_tool_arguments", "truncated"]
+    assert row["requests"] == 3 and row["stop_reason"] == "truncated"
