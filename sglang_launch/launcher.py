@@ -114,9 +114,19 @@ class StartupFailed(RuntimeError):
         self.attempts = attempts
         last = attempts[-1]
         detail = f": {last.failure.explanation} [{last.failure.line.strip()}]" if last.failure else ""
+        if not detail:  # an unclassified failure: the server's own last words say most
+            detail = f"; its log ends with: {_last_line(last.log_path)}"
         super().__init__(
             f"server did not start after {len(attempts)} attempt(s); last {last.outcome}{detail}"
         )
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty log)"
 
 
 # --- process plumbing --------------------------------------------------------------------------
