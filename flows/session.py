@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 from flows.client import EndpointClient, RetryPolicy
@@ -22,12 +23,15 @@ from flows.health import Endpoint, EndpointGuard
 from flows.prompt_stream import PromptRecord, Reject, StreamCounts
 from flows.pump import CategorySink, Tally
 from flows.sampling import SamplingParams
-from flows.store import CategoryState, RunStore
+from flows.store import CategoryState, RunStore, ShardWriter
 from prompts.dedup import DedupIndex
 from sglang_launch.engine import Engine, LaunchedEngine
 from sglang_launch.server_config import SERVER_LOGS, ServerConfig
 
 log = logging.getLogger(__name__)
+
+FLUSH_POLL_S = 0.25
+"""How often due shards are looked for: rows reach disk within flush_seconds + this."""
 
 Reporter = Callable[["RunSession"], Awaitable[None] | None]
 
@@ -96,6 +100,7 @@ class RunSession:
         self._report_every_s = report_every_s
         self._clients: list[EndpointClient] = []
         self._background: list[asyncio.Task[None]] = []
+        self._writing: asyncio.Future[Path | None] | None = None
         self.limiter: Limiter[Endpoint] | None = None
         self.endpoints: list[Endpoint] = []
         self.engine: LaunchedEngine | None = None
@@ -165,6 +170,8 @@ class RunSession:
         for task in self._background:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._writing is not None:
+            await self._writing
         self.flush()
         await self.report()
         await self._close()
@@ -218,17 +225,26 @@ class RunSession:
         return {name: run.sink.tally for name, run in self.categories.items()}
 
     # -- background ------------------------------------------------------------------------------
-    def flush(self, *, only_due: bool = False) -> None:
-        for run in self.categories.values():
-            for writer in (run.sink.rows, run.sink.rejects):
-                if not only_due or writer.due():
-                    writer.flush()
+    def flush(self) -> None:
+        """Write every buffered row now (at exit, after the flush loop has stopped)."""
+        for writer in self._writers():
+            writer.flush()
+
+    def _writers(self) -> list[ShardWriter]:
+        return [w for run in self.categories.values() for w in (run.sink.rows, run.sink.rejects)]
 
     async def _flush_loop(self) -> None:
-        """Age-based flushing: a slow trickle of rows still reaches disk within flush_seconds."""
+        """Write due shards in a worker thread, so an fsync never pauses the streams being read.
+
+        Each write is shielded: cancelling the loop at shutdown lets a shard being written finish
+        (``__aexit__`` waits for it) instead of leaving its rows neither buffered nor on disk.
+        """
         while True:
-            await asyncio.sleep(1.0)
-            self.flush(only_due=True)
+            await asyncio.sleep(FLUSH_POLL_S)
+            for writer in self._writers():
+                if writer.due():
+                    self._writing = asyncio.ensure_future(asyncio.to_thread(writer.write, writer.take()))
+                    await asyncio.shield(self._writing)
 
     async def report(self) -> None:
         for reporter in self.reporters:

@@ -8,9 +8,11 @@ or a row twice. The store knows nothing of HTTP or Prefect.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -67,10 +69,14 @@ def write_json_atomically(payload: Any, path: Path) -> None:
 
 
 class ShardWriter:
-    """Buffers rows of one table and one category; flushes by row count or age.
+    """Buffers rows of one table and one category; says when a shard is due (row count or age).
 
-    File names carry a millisecond timestamp, the pid and a sequence number, so writers of two
-    processes (a resumed run racing a forgotten one) never overwrite each other.
+    Buffering and writing are separate steps (``take`` then ``write``) so the session can write a
+    shard in a worker thread: an fsync of tens of megabytes of long answers must not pause the event
+    loop that reads thousands of streams. ``write`` is safe to call from another thread; ``add``,
+    ``due`` and ``take`` belong to the event loop. File names carry a millisecond timestamp, the
+    pid and a sequence number, so writers of two processes (a resumed run racing a forgotten one)
+    never overwrite each other.
     """
 
     def __init__(self, folder: Path, features: Features, *, flush_rows: int, flush_seconds: float) -> None:
@@ -80,7 +86,8 @@ class ShardWriter:
         self._flush_seconds = flush_seconds
         self._rows: list[dict[str, Any]] = []
         self._oldest: float | None = None
-        self._seq = 0
+        self._seq = itertools.count(1)
+        self._lock = threading.Lock()
         self.written = 0
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -88,8 +95,6 @@ class ShardWriter:
         if self._oldest is None:
             self._oldest = time.monotonic()
         self._rows.append(row)
-        if self.due():
-            self.flush()
 
     def due(self) -> bool:
         if not self._rows:
@@ -101,18 +106,27 @@ class ShardWriter:
     def pending(self) -> int:
         return len(self._rows)
 
-    def flush(self) -> Path | None:
-        if not self._rows:
+    def take(self) -> list[dict[str, Any]]:
+        """The buffered rows, leaving the buffer empty (they are not on disk until written)."""
+        rows, self._rows, self._oldest = self._rows, [], None
+        return rows
+
+    def write(self, rows: list[dict[str, Any]]) -> Path | None:
+        """One finished shard of ``rows`` (written, fsynced, renamed); None for no rows."""
+        if not rows:
             return None
-        table = pa.Table.from_pylist(self._rows, schema=self._schema)
-        self._seq += 1
-        name = f"part-{int(time.time() * 1000):013d}-{os.getpid()}-{self._seq:05d}.parquet"
-        path = self.folder / name
+        table = pa.Table.from_pylist(rows, schema=self._schema)
+        with self._lock:
+            seq = next(self._seq)
+        path = self.folder / f"part-{int(time.time() * 1000):013d}-{os.getpid()}-{seq:05d}.parquet"
         write_parquet_atomically(table, path)
-        self.written += len(self._rows)
-        self._rows = []
-        self._oldest = None
+        with self._lock:
+            self.written += len(rows)
         return path
+
+    def flush(self) -> Path | None:
+        """Write everything buffered now, in this thread."""
+        return self.write(self.take())
 
 
 def shard_files(folder: Path) -> list[Path]:

@@ -98,6 +98,8 @@ def run_dir(tmp_path: Path) -> Path:
         writer = store.row_writer(category, flush_rows=2, flush_seconds=1e9)
         for row in rows:
             writer.add(row)
+            if writer.due():
+                writer.flush()
         writer.flush()
     store.rejects_dir("rejected_only").mkdir(parents=True)
     assert len(shard_files(store.data_dir("chat"))) == 2

@@ -63,34 +63,49 @@ def _reject(rid: str, retryable: bool) -> dict:
     )
 
 
-def test_writer_flushes_by_rows_with_atomic_finished_files(tmp_path: Path) -> None:
+def test_a_shard_is_due_by_rows_and_written_atomically(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
     store.open_run("fp", {})
     writer = store.row_writer("c", flush_rows=2, flush_seconds=3600)
     writer.add(_row("a"))
-    assert shard_files(store.data_dir("c")) == []
+    assert not writer.due()
     writer.add(_row("b"))
+    assert writer.due()
+    assert shard_files(store.data_dir("c")) == []  # adding never writes: the session decides where
+    writer.write(writer.take())
     files = shard_files(store.data_dir("c"))
-    assert len(files) == 1
+    assert len(files) == 1 and writer.pending == 0 and writer.written == 2
     assert not list(store.data_dir("c").glob(".tmp-*"))
     assert pq.read_table(files[0]).column("id").to_pylist() == ["a", "b"]
 
 
-def test_writer_flushes_by_age(tmp_path: Path) -> None:
+def test_a_shard_is_due_by_age(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
     writer = store.row_writer("c", flush_rows=1000, flush_seconds=0.05)
     writer.add(_row("a"))
-    assert not writer.due() or writer.pending == 1
+    assert not writer.due()
     time.sleep(0.06)
     assert writer.due()
-    writer.add(_row("b"))
-    assert writer.pending == 0 and writer.written == 2
+
+
+def test_writes_from_threads_never_share_a_file_name(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    writer = RunStore(tmp_path / "run").row_writer("c", flush_rows=1, flush_seconds=60)
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda i: writer.write([_row(f"r{i}")]), range(40)))
+    assert len(set(paths)) == 40 and writer.written == 40
+
+
+def _flushed(writer, *rows: dict) -> None:  # type: ignore[no-untyped-def]
+    for row in rows:
+        writer.add(row)
+    writer.flush()
 
 
 def test_output_loads_with_datasets_and_keeps_declared_features(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
-    writer = store.row_writer("c", flush_rows=1, flush_seconds=3600)
-    writer.add(_row("a", ["truncated"]))
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=3600), _row("a", ["truncated"]))
     ds = load_dataset("parquet", data_dir=str(store.data_dir()), split="train")
     assert ds.features == ROW_FEATURES
     assert ds[0]["messages"][1]["tool_calls"][0]["function"]["name"] == "f"
@@ -99,13 +114,13 @@ def test_output_loads_with_datasets_and_keeps_declared_features(tmp_path: Path) 
 
 def test_done_set_reads_rows_and_final_rejects_but_retries_transient_ones(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
-    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("a"))
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
     rejects = store.reject_writer("c", flush_rows=10, flush_seconds=60)
     rejects.add(_reject("bad", retryable=False))
     rejects.add(_reject("flaky", retryable=True))
     rejects.add(_reject("later-ok", retryable=True))
     rejects.flush()
-    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("later-ok"))
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("later-ok"))
     state = store.category_state("c")
     assert state.done_ids == {"a", "bad", "later-ok"}
     assert state.effective_reject_ids == {"bad", "flaky"}
@@ -113,7 +128,7 @@ def test_done_set_reads_rows_and_final_rejects_but_retries_transient_ones(tmp_pa
 
 def test_leftover_temporary_files_are_removed_and_never_read(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
-    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("a"))
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
     (store.data_dir("c") / ".tmp-part-9.parquet").write_bytes(b"half a file")
     assert store.category_state("c").row_ids == {"a"}
     store.open_run("fp", {})
@@ -122,7 +137,7 @@ def test_leftover_temporary_files_are_removed_and_never_read(tmp_path: Path) -> 
 
 def test_corrupt_shard_is_quarantined_and_its_ids_redone(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
-    store.row_writer("c", flush_rows=1, flush_seconds=60).add(_row("a"))
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
     (store.data_dir("c") / "part-0000000000001-1-00001.parquet").write_bytes(b"not parquet")
     assert store.category_state("c").row_ids == {"a"}
     assert len(list((tmp_path / "run" / "quarantine" / "c").iterdir())) == 1
