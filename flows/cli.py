@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -16,7 +17,7 @@ from flows.config import ConfigError, load_config
 from flows.console import console, fail, print_status
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
 from flows.session import ConfigProblem
-from flows.status import run_status
+from flows.status import run_status, status_document
 from flows.store import FingerprintMismatch
 from sglang_launch import cli as gpu_cli
 from sglang_launch import launch_cli
@@ -104,12 +105,19 @@ def demo(
 
 
 @app.command()
-def status(run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")]) -> None:
+def status(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")],
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
     """Progress per category of a run, read from its finished shards (works on a killed run too)."""
     try:
-        print_status(run_status(run_dir))
+        found = run_status(run_dir)
     except FileNotFoundError as error:
         fail(str(error))
+    if json_out:
+        typer.echo(json.dumps(status_document(found), indent=2))
+    else:
+        print_status(found)
 
 
 @app.command(

@@ -91,6 +91,32 @@ def run_status(run_dir: Path) -> RunStatus:
     )
 
 
+def status_document(status: RunStatus) -> dict[str, Any]:
+    """The status as plain JSON-able data (``datagen status --json``)."""
+    return {
+        "run_dir": str(status.run_dir),
+        "fingerprint": status.fingerprint,
+        "rows": status.rows,
+        "rejects": status.rejects,
+        "categories": [
+            {
+                "name": c.name,
+                "rows": c.rows,
+                "training_rows": c.training_rows,
+                "truncated": c.truncated,
+                "flagged": c.flagged,
+                "rejects": c.rejects,
+                "retryable_rejects": c.retryable_rejects,
+                "limit": c.limit,
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+                "reject_reasons": dict(c.reject_reasons),
+            }
+            for c in status.categories
+        ],
+    }
+
+
 def progress_fraction(session: RunSession) -> float | None:
     """Done / expected, when every category has a limit; None when the total is unknown (streaming)."""
     limits = [c.limit for c in session.config.categories]

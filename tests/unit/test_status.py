@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_store import _row
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.rows import reject_row
+from flows.store import RunStore
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    store = RunStore(tmp_path / "run")
+    store.open_run("fp1", {"categories": [{"name": "c", "limit": 10}]})
+    rows = store.row_writer("c", flush_rows=10, flush_seconds=60)
+    for rid, flags in (("a", []), ("b", ["truncated"]), ("later", [])):
+        rows.add(_row(rid, flags))
+    rows.flush()
+    rejects = store.reject_writer("c", flush_rows=10, flush_seconds=60)
+    source = {"dataset": "d", "split": "train", "row": 0}
+    rejects.add(reject_row(record_id="x", category="c", source=source, stage="request", reason="too long"))
+    rejects.add(
+        reject_row(
+            record_id="later", category="c", source=source, stage="request", reason="503", retryable=True
+        )
+    )
+    rejects.add(
+        reject_row(record_id="y", category="c", source=source, stage="request", reason="503", retryable=True)
+    )
+    rejects.flush()
+    return store.run_dir
+
+
+def test_status_json_counts_rows_training_rows_and_standing_rejects(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["status", str(_run_dir(tmp_path)), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    (c,) = doc["categories"]
+    assert (doc["rows"], doc["rejects"], doc["fingerprint"]) == (3, 2, "fp1")
+    assert (c["rows"], c["training_rows"], c["truncated"], c["limit"]) == (3, 2, 1, 10)
+    # "later" was answered after its retryable reject: it is a row, not a reject, any more
+    assert c["reject_reasons"] == {"request: too long": 1, "request: 503": 1}
+    assert c["retryable_rejects"] == 1
+    assert c["completion_tokens"] == 15
+
+
+def test_status_of_a_folder_that_is_no_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "is not a run directory" in result.output
