@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -137,3 +138,73 @@ def test_kill_9_then_rerun_against_real_sglang(tmp_path: Path, sglang_url: str) 
     assert set(partial.row_ids) <= set(final.row_ids)
     manifest = json.loads((tmp_path / "realkill" / "manifest.json").read_text())
     assert len(manifest["history"]) == 2
+
+
+def _children(pid: int, needle: bytes) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid and needle in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def test_run_launches_real_sglang_and_survives_its_crash(tmp_path: Path) -> None:
+    """`[server] launch = true`: the run starts SGLang, restarts it after a kill -9, and stops it."""
+    server = tiny_sglang(tmp_path / "unused")
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 120)
+    config = write_config(
+        tmp_path / "run.toml", name="launched", output_dir=tmp_path, url="http://unused", source=source
+    )
+    env = ", ".join(f'{k} = "{v}"' for k, v in server.env.items())
+    text = config.read_text().replace('[[endpoints]]\nurl = "http://unused"\n', "")
+    text = text.replace("limit = 64", "limit = 16").replace("max_tokens = 64", "max_tokens = 96")
+    text += f"""
+[server]
+launch = true
+python = "{server.python}"
+model_path = "{server.model_path}"
+served_model_name = "tinyllm"
+context_length = 1024
+max_total_tokens = 4096
+max_running_requests = 16
+startup_timeout_s = 180
+env = {{ {env} }}
+extra_args = {json.dumps(server.extra_args)}
+"""
+    config.write_text(text)
+    proc = datagen("run", str(config), "--no-prefect")
+    try:
+        wait_for_rows(tmp_path / "launched", 20, proc, timeout_s=300)
+        (sglang,) = _children(proc.pid, b"sglang.launch_server")
+        os.killpg(sglang, signal.SIGKILL)  # the server and its scheduler die mid-run
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, out.decode()[-4000:]
+    check = check_run(tmp_path / "launched")
+    assert len(check.row_ids) == 120 and check.reject_ids == [] and check.duplicates == 0
+    logs = sorted((tmp_path / "launched" / "server-logs").iterdir())
+    assert len(logs) == 2  # the first start and the restart, in the run directory
+    summary = json.loads((tmp_path / "launched" / "summary.json").read_text())
+    assert summary["server_restarts"] == 1
+    port = logs[0].name.split("-")[1]  # sglang-PORT-TIME-attemptN.log
+    assert _serving_on(port) == []  # the run stopped the server it launched
+
+
+def _serving_on(port: str) -> list[int]:
+    """Live processes whose command line binds ``port``."""
+    needle = f"--port\x00{port}\x00".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if needle in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
