@@ -1,4 +1,5 @@
-"""``datagen preflight`` and ``datagen diagnose``: a thin typer layer over :mod:`sglang_launch.diagnose`.
+"""``datagen preflight`` and ``datagen diagnose``: a thin typer layer over :mod:`sglang_launch.preflight`
+and :mod:`sglang_launch.diagnose`.
 
 Exit codes (both commands): 0 nothing to act on (healthy server / clean GPUs); 1 findings (stale
 processes, unbalanced GPUs, too little margin, a bottleneck or a failure in the log); 2 no input
@@ -18,13 +19,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sglang_launch.diagnose import EXIT_NO_INPUT, Diagnosis, PreflightReport, Thresholds
+from sglang_launch.diagnose import Diagnosis
 from sglang_launch.diagnose import diagnose as diagnose_log
-from sglang_launch.diagnose import preflight as preflight_gpus
 from sglang_launch.gpu import GpuSnapshot, GpuUnavailableError, read_gpus
 from sglang_launch.gpu_csv import parse_gpu_csv
+from sglang_launch.judgement import EXIT_NO_INPUT, Thresholds
 from sglang_launch.logparse import parse_log
 from sglang_launch.memory_math import GIB, ServerMemory, frac, gib, kv_bytes_per_token, server_memory
+from sglang_launch.preflight import PreflightReport
+from sglang_launch.preflight import preflight as preflight_gpus
 
 app = typer.Typer(
     help="Check GPUs before launching SGLang, and explain what limits a running (or failed) server.",

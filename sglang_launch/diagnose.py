@@ -1,8 +1,7 @@
-"""Judge GPU snapshots and SGLang logs: findings, a verdict, and advice with the arithmetic. Pure.
+"""Judge an SGLang server log: a verdict, the evidence, and advice with the arithmetic. Pure.
 
-Two users: ``datagen preflight`` (before or beside a launch: stale processes, unbalanced GPUs,
-headroom for a proposed ``--mem-fraction-static``) and ``datagen diagnose`` (a server is slow or
-did not start: what bounds it, with the numbers, and what to change).
+For ``datagen diagnose`` (a server is slow or did not start: what bounds it, with the numbers, and
+what to change); the GPU findings beside it come from :mod:`sglang_launch.preflight`.
 
 What bounds a running server, read from its "Decode batch" lines (the median and the 5th-95th
 percentile range over lines with requests running, so warm-up and drain do not count):
@@ -32,6 +31,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sglang_launch.gpu import GpuSnapshot
+from sglang_launch.judgement import DEFAULT_THRESHOLDS, EXIT_FINDINGS, EXIT_OK, Thresholds, size
 from sglang_launch.logparse import (
     DecodeBatch,
     PrefillBatch,
@@ -43,239 +43,15 @@ from sglang_launch.logparse import (
 from sglang_launch.memory_math import (
     GIB,
     FractionChange,
-    LaunchBudget,
     frac,
     fraction_change,
     gib,
-    launch_budget,
     max_safe_fraction,
     min_fraction_for_weights,
 )
-
-# Exit codes shared by both commands (documented in the CLI help).
-EXIT_OK, EXIT_FINDINGS, EXIT_NO_INPUT = 0, 1, 2
+from sglang_launch.preflight import GpuFinding, assess_gpus
 
 
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Where judgements switch; defaults follow SGLang's own checks where it has one."""
-
-    high_usage: float = 0.85  # 95th-percentile token usage at/above this: the pool fills up
-    near_cap: float = 0.9  # median running / --max-running-requests at/above this: the cap binds
-    short_queue: float = 0.1  # a queue up to max(2, 10% of running) is the healthy "ready" queue
-    retraction_share: float = 0.10  # retracted / admitted requests at/above this: retraction-bound
-    min_retractions: int = 3
-    prefill_saturation: float = 0.9  # median prefill tokens / chunk size at/above this: prefill-bound
-    min_margin_bytes: int = 2 * GIB  # free memory to keep per GPU (activation peaks, CUDA graphs)
-    balance: float = 0.9  # SGLang's TP check: refuse when min free < 0.9 x a rank's free
-    unattributed_bytes: int = GIB  # memory used with no process listed, worth a mention
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU findings (preflight and diagnose)
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class GpuFinding:
-    """Something about the GPUs a person should know; ``warning`` ones make the exit code 1."""
-
-    kind: str  # "process" | "unattributed" | "unbalanced" | "low_margin" | "no_kv"
-    severity: str  # "warning" | "info"
-    gpus: tuple[int, ...]
-    message: str
-
-
-def assess_gpus(
-    snapshot: GpuSnapshot,
-    group: Sequence[int] | None = None,
-    *,
-    server_expected: bool = False,
-    thresholds: Thresholds = Thresholds(),
-) -> tuple[GpuFinding, ...]:
-    """Processes holding memory (the stale server from a crashed run), memory used by no listed
-    process (another container), and unequal free memory across the tensor-parallel ``group``.
-
-    With ``server_expected`` (a server is meant to run there) processes are information, not warnings.
-    """
-    gpus = [g for g in snapshot.gpus if group is None or g.index in group]
-    level = "info" if server_expected else "warning"
-    findings: list[GpuFinding] = []
-    holders: dict[int, list[tuple[int, int | None]]] = {}
-    names: dict[int, str] = {}
-    for gpu in gpus:
-        for proc in gpu.processes:
-            holders.setdefault(proc.pid, []).append((gpu.index, proc.used_bytes))
-            names[proc.pid] = proc.cmdline or proc.name
-    for pid, places in sorted(holders.items()):
-        held = sum(b for _, b in places if b is not None)
-        where = ", ".join(f"GPU {i}" for i, _ in places)
-        who = names[pid] or "not visible from here (another container or PID namespace)"
-        amount = f"{gib(held):.1f} GiB" if held else "memory"
-        findings.append(
-            GpuFinding(
-                "process", level, tuple(i for i, _ in places), f"PID {pid} holds {amount} on {where}: {who}"
-            )
-        )
-    if snapshot.has_process_info:
-        for gpu in gpus:
-            if not gpu.processes and gpu.used_bytes >= thresholds.unattributed_bytes:
-                findings.append(
-                    GpuFinding(
-                        "unattributed",
-                        level,
-                        (gpu.index,),
-                        f"GPU {gpu.index}: {gib(gpu.used_bytes):.1f} GiB used but no process listed "
-                        "(held from another container or PID namespace, or by the driver)",
-                    )
-                )
-    if len(gpus) > 1:
-        low = min(gpus, key=lambda g: g.free_bytes)
-        high = max(gpus, key=lambda g: g.free_bytes)
-        if low.free_bytes < thresholds.balance * high.free_bytes:
-            short = tuple(g.index for g in gpus if g.free_bytes < thresholds.balance * high.free_bytes)
-            findings.append(
-                GpuFinding(
-                    "unbalanced",
-                    "warning",
-                    short,
-                    f"free memory is unbalanced: GPU {low.index} has {gib(low.free_bytes):.1f} GiB free, "
-                    f"GPU {high.index} {gib(high.free_bytes):.1f} GiB; {_gpus(short)} below "
-                    f"{thresholds.balance:.0%} of the most free. A tensor-parallel server budgets every GPU "
-                    "by the smallest, and SGLang refuses to start (newer versions: warns) below 90%.",
-                )
-            )
-    return tuple(findings)
-
-
-@dataclass(frozen=True, slots=True)
-class PreflightReport:
-    """``datagen preflight``'s answer: the GPUs, findings, and the headroom arithmetic asked for."""
-
-    snapshot: GpuSnapshot
-    group: tuple[int, ...]
-    findings: tuple[GpuFinding, ...]
-    changes: tuple[FractionChange, ...]  # per GPU, for a running server (current -> proposed)
-    launch: LaunchBudget | None  # for a fresh launch at the proposed fraction
-    safe_fraction: float | None
-    bytes_per_token: int | None
-    basis_source: str  # what the fraction of a running server applies to
-    exit_code: int
-
-
-def preflight(
-    snapshot: GpuSnapshot,
-    *,
-    group: Sequence[int] | None = None,
-    fraction: float | None = None,
-    current_fraction: float | None = None,
-    bytes_per_token: int | None = None,
-    basis_bytes: int | None = None,
-    weights_bytes: int | None = None,
-    thresholds: Thresholds = Thresholds(),
-) -> PreflightReport:
-    """Findings plus, when ``fraction`` is given, the headroom arithmetic.
-
-    With ``current_fraction`` (a server runs there now) each GPU gets a :class:`FractionChange`
-    (basis: ``basis_bytes``, SGLang's pre-load free memory if known, else the GPU's total). Without
-    it, a :class:`LaunchBudget` for the GPU with the least free memory (SGLang budgets by it).
-    """
-    chosen = tuple(g.index for g in snapshot.gpus if group is None or g.index in group)
-    if not chosen:
-        raise ValueError(
-            f"none of GPUs {list(group or [])} exist here (found {_ids([g.index for g in snapshot.gpus])})"
-        )
-    gpus = [g for g in snapshot.gpus if g.index in chosen]
-    findings = list(
-        assess_gpus(snapshot, chosen, server_expected=current_fraction is not None, thresholds=thresholds)
-    )
-    changes: tuple[FractionChange, ...] = ()
-    launch = None
-    safe = None
-    if fraction is not None and current_fraction is not None:
-        changes = tuple(
-            fraction_change(
-                current_fraction,
-                fraction,
-                basis_bytes=basis_bytes or g.total_bytes,
-                free_bytes=g.free_bytes,
-                bytes_per_token=bytes_per_token,
-            )
-            for g in gpus
-        )
-        safe = min(
-            max_safe_fraction(
-                current_fraction,
-                basis_bytes=basis_bytes or g.total_bytes,
-                free_bytes=g.free_bytes,
-                min_margin_bytes=thresholds.min_margin_bytes,
-            )
-            for g in gpus
-        )
-        tight = tuple(
-            g.index
-            for g, c in zip(gpus, changes, strict=True)
-            if c.margin_bytes < thresholds.min_margin_bytes
-        )
-        if tight:
-            worst = min(changes, key=lambda c: c.margin_bytes)
-            findings.append(
-                GpuFinding(
-                    "low_margin",
-                    "warning",
-                    tight,
-                    f"--mem-fraction-static {frac(fraction)} leaves ~{_size(worst.margin_bytes)} free on "
-                    f"GPUs {_ids(tight)} (keep >= {_size(thresholds.min_margin_bytes)} for activation "
-                    f"peaks); highest safe value {frac(safe)}",
-                )
-            )
-    elif fraction is not None:
-        binding = min(gpus, key=lambda g: g.free_bytes)
-        launch = launch_budget(
-            fraction,
-            free_before_load_bytes=binding.free_bytes,
-            weights_bytes=weights_bytes,
-            bytes_per_token=bytes_per_token,
-        )
-        if launch.margin_bytes < thresholds.min_margin_bytes:
-            findings.append(
-                GpuFinding(
-                    "low_margin",
-                    "warning",
-                    (binding.index,),
-                    f"--mem-fraction-static {frac(fraction)} leaves only {_size(launch.margin_bytes)} on GPU "
-                    f"{binding.index} for activations, CUDA graphs and NCCL "
-                    f"(keep >= {_size(thresholds.min_margin_bytes)})",
-                )
-            )
-        if launch.kv_bytes is not None and launch.kv_bytes <= 0 and weights_bytes:
-            needed = weights_bytes / binding.free_bytes
-            fix = f"it needs a fraction above {needed:.3f}" if needed < 1 else "free memory on that GPU first"
-            findings.append(
-                GpuFinding(
-                    "no_kv",
-                    "warning",
-                    (binding.index,),
-                    f"the weights ({_size(weights_bytes)}) do not fit in {frac(fraction)} x "
-                    f"{_size(binding.free_bytes)} free on GPU {binding.index}: no room for the KV cache "
-                    f"(SGLang stops with 'Not enough memory'); {fix}",
-                )
-            )
-    warned = any(f.severity == "warning" for f in findings)
-    return PreflightReport(
-        snapshot=snapshot,
-        group=chosen,
-        findings=tuple(findings),
-        changes=changes,
-        launch=launch,
-        safe_fraction=safe,
-        bytes_per_token=bytes_per_token,
-        basis_source="SGLang's free memory before loading" if basis_bytes else "the GPU's total memory",
-        exit_code=EXIT_FINDINGS if warned else EXIT_OK,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Log diagnosis
-# ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Spread:
     """5th percentile, median and 95th percentile of a series (nearest rank): the range a person
@@ -373,7 +149,7 @@ def diagnose(
     bytes_per_token: int | None = None,
     mem_fraction: float | None = None,
     last_minutes: float | None = None,
-    thresholds: Thresholds = Thresholds(),
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> Diagnosis:
     """Say what bounds the server whose log is ``log``, with evidence and advice.
 
@@ -675,13 +451,13 @@ def _more_kv(
         current, too_far, basis_bytes=basis, free_bytes=free, bytes_per_token=memory.bytes_per_token
     )
     beyond = (
-        f" {frac(too_far)} would add ~{_size(over.extra_kv_bytes)} but leave ~{_size(over.margin_bytes)}: "
+        f" {frac(too_far)} would add ~{size(over.extra_kv_bytes)} but leave ~{size(over.margin_bytes)}: "
         "too little for activation peaks and CUDA graphs (expect CUDA out of memory)."
     )
     if safe <= current:
         return (over,), (
-            f"No room to raise --mem-fraction-static {frac(current)}: only {_size(free)} free per GPU, and "
-            f"{_size(t.min_margin_bytes)} should stay free.{beyond} More KV needs fp8 KV, more GPUs, or a "
+            f"No room to raise --mem-fraction-static {frac(current)}: only {size(free)} free per GPU, and "
+            f"{size(t.min_margin_bytes)} should stay free.{beyond} More KV needs fp8 KV, more GPUs, or a "
             "smaller model."
         )
     change = fraction_change(
@@ -696,9 +472,9 @@ def _more_kv(
                 f" (~{change.extra_kv_tokens / per:.0f} more running requests at ~{per:,.0f} tokens each)"
             )
     return (change, over), (
-        f"--mem-fraction-static {frac(current)} -> {frac(safe)} adds ~{_size(change.extra_kv_bytes)} of KV "
-        f"per GPU{tokens}; margin ~{_size(change.margin_bytes)} free per GPU ({_size(free)} free now - "
-        f"{_size(change.extra_kv_bytes)}).{beyond} If {frac(safe)} fails at startup (CUDA graph capture), "
+        f"--mem-fraction-static {frac(current)} -> {frac(safe)} adds ~{size(change.extra_kv_bytes)} of KV "
+        f"per GPU{tokens}; margin ~{size(change.margin_bytes)} free per GPU ({size(free)} free now - "
+        f"{size(change.extra_kv_bytes)}).{beyond} If {frac(safe)} fails at startup (CUDA graph capture), "
         "lower --cuda-graph-max-bs."
     )
 
@@ -802,8 +578,8 @@ def _kv_failure_advice(log: ServerLog, memory: MemoryContext, t: Thresholds) -> 
             else ""
         )
         advice.append(
-            f"Loading took {_size(before - after)} on {_rank_label((None, rank.tp_rank))} but the weights "
-            f"are {rank.weights_gib:.2f} GiB: {_size(extra)} more was allocated meanwhile, by another "
+            f"Loading took {size(before - after)} on {_rank_label((None, rank.tp_rank))} but the weights "
+            f"are {rank.weights_gib:.2f} GiB: {size(extra)} more was allocated meanwhile, by another "
             "process on the GPU or by communication buffers (NCCL settings changed since the last good "
             f"start, NVLS, custom all-reduce).{init_note} Freeing that memory gives it back to the KV cache."
         )
@@ -814,16 +590,16 @@ def _kv_failure_advice(log: ServerLog, memory: MemoryContext, t: Thresholds) -> 
     suggest = math.ceil(needed * 100) / 100 + 0.02
     margin = (1 - suggest) * before
     warn = (
-        f" That leaves only {_size(margin)} for activations: too tight, use more GPUs or a smaller model."
+        f" That leaves only {size(margin)} for activations: too tight, use more GPUs or a smaller model."
         if margin < t.min_margin_bytes
         else ""
     )
     advice.append(
-        f"The weights (and whatever else was allocated meanwhile) took {_size(before - after)} of the "
-        f"{_size(before)} free before loading, so --mem-fraction-static must be above "
+        f"The weights (and whatever else was allocated meanwhile) took {size(before - after)} of the "
+        f"{size(before)} free before loading, so --mem-fraction-static must be above "
         f"1 - {gib(after):.2f}/{gib(before):.2f} = {needed:.3f}{was}. Each 0.01 above that buys "
-        f"{_size(step_bytes)} of KV{per_step}; e.g. {suggest:.2f} gives "
-        f"~{_size((suggest - needed) * before)} of KV and leaves {_size(margin)} for activations.{warn}"
+        f"{size(step_bytes)} of KV{per_step}; e.g. {suggest:.2f} gives "
+        f"~{size((suggest - needed) * before)} of KV and leaves {size(margin)} for activations.{warn}"
     )
     return advice
 
@@ -959,11 +735,6 @@ def _span(low: float, high: float, fmt: str = "g") -> str:
     return a if a == b else f"{a}-{b}"
 
 
-def _size(n_bytes: float) -> str:
-    """Human size: MiB below 1 GiB (the seeds' "~200 MiB" margin), else GiB with one decimal."""
-    return f"{n_bytes / (1 << 20):,.0f} MiB" if abs(n_bytes) < GIB else f"{gib(n_bytes):.1f} GiB"
-
-
 def _duration(delta: timedelta) -> str:
     seconds = int(delta.total_seconds())
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
@@ -977,15 +748,6 @@ def _rank_label(rank: tuple[int | None, int | None]) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _gpus(indices: Sequence[int]) -> str:
-    """``GPU 3 is`` / ``GPUs 3,5 are``, for sentences about some GPUs."""
-    return f"GPU {indices[0]} is" if len(indices) == 1 else f"GPUs {_ids(indices)} are"
-
-
-def _ids(indices: Sequence[int]) -> str:
-    return ",".join(str(i) for i in indices)
 
 
 def _clean(lines: Sequence[str]) -> tuple[str, ...]:

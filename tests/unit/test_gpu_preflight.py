@@ -14,10 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sglang_launch import cli
-from sglang_launch.diagnose import preflight
 from sglang_launch.gpu import GpuInfo, GpuSnapshot, GpuUnavailableError, read_gpus, redact_cmdline
 from sglang_launch.gpu_csv import parse_gpu_csv
 from sglang_launch.memory_math import GIB, MIB
+from sglang_launch.preflight import preflight
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 TOTAL = 81_559 * MIB  # an H100 80GB as NVML reports it
