@@ -88,7 +88,6 @@ async def run_category(session_key: str, category: str, shard_runner: ShardRunne
             await asyncio.gather(*active, return_exceptions=True)
     if unreadable is not None:
         raise unreadable
-    run.finished = True
 
 
 async def run_categories(session_key: str, category_runner: Callable[[str, str], Awaitable[None]]) -> None:

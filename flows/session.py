@@ -20,11 +20,12 @@ from flows.client import EndpointClient, RetryPolicy
 from flows.concurrency import FixedLimit, Lane, Limiter
 from flows.config import CategoryConfig, RunConfig, fingerprint
 from flows.health import Endpoint, EndpointGuard
-from flows.prompt_stream import PromptRecord, Reject, StreamCounts
+from flows.prompt_stream import Reject, StreamCounts
 from flows.pump import CategorySink, Tally
 from flows.sampling import SamplingParams
 from flows.store import CategoryState, RunStore, ShardWriter
 from prompts.dedup import DedupIndex
+from prompts.records import PromptRecord
 from sglang_launch.engine import Engine, LaunchedEngine
 from sglang_launch.server_config import SERVER_LOGS, ServerConfig
 
@@ -48,15 +49,17 @@ class CategoryRun:
     sampling: SamplingParams
     sink: CategorySink
     counts: StreamCounts = field(default_factory=StreamCounts)
-    finished: bool = False
 
 
 def sampling_for(config: RunConfig, category: CategoryConfig) -> SamplingParams:
     generation = config.generation_for(category)
+    # generation_for merges over DEFAULT_GENERATION, which sets these three
+    assert generation.max_tokens is not None and generation.temperature is not None
+    assert generation.top_p is not None
     return SamplingParams(
-        max_tokens=generation.max_tokens or 2048,
-        temperature=generation.temperature if generation.temperature is not None else 0.7,
-        top_p=generation.top_p if generation.top_p is not None else 1.0,
+        max_tokens=generation.max_tokens,
+        temperature=generation.temperature,
+        top_p=generation.top_p,
         chat_template_kwargs=generation.chat_template_kwargs,
         separate_reasoning=generation.separate_reasoning,
         extra_body=dict(generation.extra_body or {}),
