@@ -8,7 +8,6 @@ thousands of coroutines woken on every completion.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,9 +23,6 @@ from flows.rows import output_row, reject_row
 from flows.sampling import SamplingParams
 from flows.store import ShardWriter
 from prompts.records import PromptRecord
-
-log = logging.getLogger(__name__)
-
 
 class RunAborted(RuntimeError):
     """The endpoint refuses every request (bad key, unknown model): stop, reject nothing."""
