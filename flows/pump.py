@@ -24,6 +24,7 @@ from flows.sampling import SamplingParams
 from flows.store import ShardWriter
 from prompts.records import PromptRecord
 
+
 class RunAborted(RuntimeError):
     """The endpoint refuses every request (bad key, unknown model): stop, reject nothing."""
 
