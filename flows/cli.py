@@ -56,7 +56,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     except StartupFailed as error:
         fail(f"{error}. Server logs: the run directory's server-logs/ (see `datagen diagnose`).", 4)
     except RunAborted as error:
-        fail(f"the endpoint refused the run: {error}. Rows finished so far are saved; fix it and rerun.", 3)
+        fail(f"the run stopped: {error}. Rows finished so far are saved; fix it and rerun to resume.", 3)
     except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
         fail(f"cannot use the endpoint: {error}", 3)
     except KeyboardInterrupt:

@@ -112,6 +112,12 @@ class RetryConfig(_Strict):
     max_wait_s: float = Field(default=60.0, gt=0)
     max_total_s: float = Field(default=900.0, gt=0)
     read_timeout_s: float = Field(default=3600.0, gt=0, description="Per request; long reasoning answers.")
+    outage_patience_s: float = Field(
+        default=1800.0, gt=0, description="Wait this long for a silent server before stopping the run."
+    )
+    failover_after_s: float = Field(
+        default=60.0, gt=0, description="With several endpoints: move a prompt off a silent one after this."
+    )
 
 
 class StoreConfig(_Strict):

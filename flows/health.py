@@ -3,7 +3,8 @@
 A request whose retries are exhausted while the server is down should not become a reject: the
 prompt is fine, the server is not. The guard answers "is the endpoint serving again?" once for all
 the requests that noticed (single flight), restarting the server when this run launched it, and
-gives up only after ``patience_s`` of continuous outage.
+gives up only after ``patience_s`` of continuous outage. With several endpoints, the pump waits
+less (``failover_after_s``) and moves the prompt to an endpoint that answers.
 """
 
 from __future__ import annotations
@@ -11,18 +12,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
 
 from flows.client import EndpointClient
+from flows.concurrency import Limit
 from sglang_launch.engine import Engine
 
 log = logging.getLogger(__name__)
 
 
 class EndpointGuard:
-    """Health of one endpoint, and the way back to healthy."""
+    """Health of one endpoint, and the way back to healthy.
+
+    ``up`` is False while the endpoint is being waited for (or was given up on): its lane then takes
+    no new requests (``GuardedLimit``), so an outage does not turn queued prompts into rejects.
+    A guard that gave up answers later calls from one health check, not a new wait, so a server
+    that is gone for good costs the patience once, not once per prompt.
+    """
 
     def __init__(
         self,
@@ -38,8 +47,11 @@ class EndpointGuard:
         self.patience_s = patience_s
         self.poll_s = poll_s
         self.fresh_s = fresh_s
+        self.up = True
+        self.gone = False
         self.recoveries = 0
         self.restarts = 0
+        self.on_up: Callable[[], Awaitable[None]] | None = None
         self._last_ok = 0.0
         self._lock = asyncio.Lock()
 
@@ -50,32 +62,66 @@ class EndpointGuard:
         except httpx.HTTPError:
             return False
 
-    async def recover(self) -> bool:
-        """True once the endpoint serves again; False after ``patience_s`` without it."""
+    async def recover(self, patience_s: float | None = None) -> bool:
+        """True once the endpoint serves again; False after ``patience_s`` (default: the guard's)."""
         async with self._lock:
-            if time.monotonic() - self._last_ok < self.fresh_s:
+            if self.up and time.monotonic() - self._last_ok < self.fresh_s:
                 return True
-            deadline = time.monotonic() + self.patience_s
+            if self.gone:
+                return await self._mark_if_healthy()
+            self.up = False
+            deadline = time.monotonic() + (self.patience_s if patience_s is None else patience_s)
             while True:
                 if self.engine is not None:
                     try:
                         attempts = await asyncio.to_thread(self.engine.ensure_running)
                     except Exception as error:  # a start that failed for good: say so, keep the rows
                         log.error("restarting the server at %s failed: %s", self.url, error)
+                        self.gone = True
                         return False
                     if attempts:
                         self.restarts += 1
                         log.warning("server at %s restarted (%d attempt(s))", self.url, len(attempts))
-                if await self.healthy():
-                    self._last_ok = time.monotonic()
+                if await self._mark_if_healthy():
                     self.recoveries += 1
                     return True
                 if time.monotonic() >= deadline:
                     log.error(
                         "%s has not been healthy for %.0f s: giving up on it", self.url, self.patience_s
                     )
+                    self.gone = True
                     return False
                 await asyncio.sleep(self.poll_s)
+
+    async def probe(self) -> None:
+        """Bring a lane that was given up on back into service once its server answers again."""
+        if self.up or self._lock.locked():
+            return
+        async with self._lock:
+            await self._mark_if_healthy()
+
+    async def _mark_if_healthy(self) -> bool:
+        if not await self.healthy():
+            return False
+        came_back = not self.up
+        self.up, self.gone, self._last_ok = True, False, time.monotonic()
+        if came_back:
+            log.warning("%s answers again", self.url)
+            if self.on_up is not None:
+                await self.on_up()
+        return True
+
+
+class GuardedLimit:
+    """An endpoint's limit, or 0 while its guard says it is down: no new requests to a dead server."""
+
+    def __init__(self, inner: Limit, guard: EndpointGuard) -> None:
+        self.inner = inner
+        self.guard = guard
+
+    @property
+    def limit(self) -> int:
+        return self.inner.limit if self.guard.up else 0
 
 
 @dataclass(frozen=True)

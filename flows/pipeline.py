@@ -40,7 +40,12 @@ async def run_shard(session_key: str, category: str, index: int) -> None:
     run = session.category(category)
     assert session.limiter is not None
     await pump_shard(
-        items, limiter=session.limiter, category=run.config, sampling=run.sampling, sink=run.sink
+        items,
+        limiter=session.limiter,
+        category=run.config,
+        sampling=run.sampling,
+        sink=run.sink,
+        patience=session.patience,
     )
 
 

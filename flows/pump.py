@@ -63,26 +63,44 @@ def _source(record: PromptRecord) -> dict[str, object]:
 
 
 RECOVERY_ROUNDS = 3
-"""Times a prompt whose retries ran out is sent again after its endpoint was seen healthy."""
+"""Times a prompt whose retries ran out is sent again after an endpoint was seen healthy."""
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long to wait for a silent endpoint: alone (``outage_s``) or with others to fail over to."""
+
+    outage_s: float = 1800.0
+    failover_s: float = 60.0
+
+
+Held = dict["asyncio.Task[None]", Lane[Endpoint]]
 
 
 async def _ask(
     record: PromptRecord,
-    endpoint: Endpoint,
+    held: Held,
+    limiter: Limiter[Endpoint],
     category: CategoryConfig,
     sampling: SamplingParams,
     sink: CategorySink,
+    patience: Patience,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
 
     A transient failure that outlived the client's retries is usually a server that died or
-    restarts: the guard waits for it (or restarts it) and the prompt is asked again, so an outage
-    costs time, not rows. Only a server gone for good, or a prompt that keeps failing on a
-    healthy server, ends as a (retryable) reject.
+    restarts: the prompt waits for its endpoint (the guard restarts a server this run launched),
+    or, when other endpoints answer, moves to one of them after ``failover_s``. So an outage costs
+    time, not rows. If no endpoint answers for ``outage_s``, the run stops (FatalEndpointError)
+    instead of turning every remaining prompt into a reject. A prompt that keeps failing on a
+    healthy server ends as a retryable reject.
     """
-    client = endpoint.client
+    task = asyncio.current_task()
+    assert task is not None
     prompt_hash = dedup_key(record, category)
     for round_ in range(RECOVERY_ROUNDS):
+        lane = held[task]
+        client, guard = lane.endpoint.client, lane.endpoint.guard
         try:
             regenerated = await regenerate(record, client, sampling, category.mode)
             break
@@ -92,9 +110,17 @@ async def _ask(
             _reject(record, sink, client, error, prompt_hash, retryable=False)
             return
         except TransientRequestError as error:
-            if round_ == RECOVERY_ROUNDS - 1 or not await endpoint.guard.recover():
+            if round_ == RECOVERY_ROUNDS - 1:
                 _reject(record, sink, client, error, prompt_hash, retryable=True)
                 return
+            others = any(other is not lane and other.endpoint.guard.up for other in limiter.lanes)
+            if not await guard.recover(patience.failover_s if others else patience.outage_s):
+                if not any(other.endpoint.guard.up for other in limiter.lanes):
+                    raise FatalEndpointError(
+                        f"no endpoint has answered for {patience.outage_s:.0f} s"
+                    ) from error
+                await limiter.release(held.pop(task))  # move the prompt to an endpoint that answers
+                held[task] = await limiter.acquire()
             sink.tally.recovered += 1
     row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
     sink.rows.add(row)
@@ -142,50 +168,59 @@ async def pump_shard(
     category: CategoryConfig,
     sampling: SamplingParams,
     sink: CategorySink,
+    patience: Patience = Patience(),
 ) -> None:
-    """Send every record of the shard, write every conversion reject; return when all are settled."""
+    """Send every record of the shard, write every conversion reject; return when all are settled.
+
+    The dispatcher runs as its own task so that a fatal error stops it even while it waits for a
+    slot (every lane may be closed when the run must stop).
+    """
     pending: set[asyncio.Task[None]] = set()
+    held: Held = {}
     fatal: list[FatalEndpointError] = []
+    stop = asyncio.Event()
 
-    held: dict[asyncio.Task[None], Lane[Endpoint]] = {}
-
-    async def release(task: asyncio.Task[None]) -> None:
-        lane = held.pop(task, None)
-        if lane is not None:
-            await limiter.release(lane)
-
-    async def run(record: PromptRecord, lane: Lane[Endpoint]) -> None:
+    async def run(record: PromptRecord) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         try:
-            await _ask(record, lane.endpoint, category, sampling, sink)
+            await _ask(record, held, limiter, category, sampling, sink, patience)
         except FatalEndpointError as error:
             fatal.append(error)
+            stop.set()
         finally:
-            current = asyncio.current_task()
-            assert current is not None
-            await release(current)
+            lane = held.pop(task, None)
+            if lane is not None:
+                await limiter.release(lane)
 
-    try:
+    async def dispatch() -> None:
         for item in items:
-            if fatal:
-                break
+            if stop.is_set():
+                return
             if isinstance(item, Reject):
                 sink.rejects.add(item.row)
                 sink.tally.count_reject(item.row["reason"])
                 continue
             sink.tally.queued += 1
             lane = await limiter.acquire()
-            task = asyncio.create_task(run(item, lane))
-            held[task] = lane
+            task = asyncio.create_task(run(item))
+            held[task] = lane  # before the task first runs: create_task only schedules it
             pending.add(task)
             task.add_done_callback(pending.discard)
-        while pending and not fatal:
-            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+
+    dispatcher = asyncio.create_task(dispatch())
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({dispatcher, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if dispatcher.done():
+            dispatcher.result()
+        while pending and not stop.is_set():
+            await asyncio.wait({*pending, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in pending:
+        for task in (dispatcher, stopped, *pending):
             task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(dispatcher, stopped, *pending, return_exceptions=True)
         for task in list(held):  # cancelled before they ran: their slots are still taken
-            await release(task)
+            await limiter.release(held.pop(task))
     if fatal:
         raise RunAborted(fatal[0].reason) from fatal[0]

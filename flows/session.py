@@ -19,9 +19,9 @@ from typing import Any, Self
 from flows.client import EndpointClient, RetryPolicy
 from flows.concurrency import FixedLimit, Lane, Limiter
 from flows.config import CategoryConfig, RunConfig, fingerprint
-from flows.health import Endpoint, EndpointGuard
+from flows.health import Endpoint, EndpointGuard, GuardedLimit
 from flows.prompt_stream import Reject, StreamCounts
-from flows.pump import CategorySink, Tally
+from flows.pump import CategorySink, Patience, Tally
 from flows.sampling import SamplingParams
 from flows.store import CategoryState, RunStore, ShardWriter
 from prompts.dedup import DedupIndex
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 FLUSH_POLL_S = 0.25
 """How often due shards are looked for: rows reach disk within flush_seconds + this."""
+
+PROBE_S = 5.0
+"""How often an endpoint that was given up on is checked again."""
 
 Reporter = Callable[["RunSession"], Awaitable[None] | None]
 
@@ -105,6 +108,7 @@ class RunSession:
         self._background: list[asyncio.Task[None]] = []
         self._writing: asyncio.Future[Path | None] | None = None
         self.limiter: Limiter[Endpoint] | None = None
+        self.patience = Patience()
         self.endpoints: list[Endpoint] = []
         self.engine: LaunchedEngine | None = None
 
@@ -129,7 +133,8 @@ class RunSession:
                     retry=policy,
                 )
                 self._clients.append(client)
-                self.endpoints.append(Endpoint(client, EndpointGuard(url, engine)))
+                guard = EndpointGuard(url, engine, patience_s=retry.outage_patience_s)
+                self.endpoints.append(Endpoint(client, guard))
             self.model = await self._resolve_model()
             self.fingerprint = fingerprint(self.config, self.model)
             self.resumed = await asyncio.to_thread(
@@ -142,8 +147,12 @@ class RunSession:
             await self._close()
             raise
         limit = self.config.concurrency.limit
-        self.limiter = Limiter([Lane(endpoint, FixedLimit(limit)) for endpoint in self.endpoints])
+        self.limiter = Limiter([Lane(e, GuardedLimit(FixedLimit(limit), e.guard)) for e in self.endpoints])
+        for endpoint in self.endpoints:
+            endpoint.guard.on_up = self.limiter.notify
+        self.patience = Patience(outage_s=retry.outage_patience_s, failover_s=retry.failover_after_s)
         self._background.append(asyncio.create_task(self._flush_loop()))
+        self._background.append(asyncio.create_task(self._probe_loop()))
         self._background.append(asyncio.create_task(self._report_loop()))
         return self
 
@@ -248,6 +257,13 @@ class RunSession:
                 if writer.due():
                     self._writing = asyncio.ensure_future(asyncio.to_thread(writer.write, writer.take()))
                     await asyncio.shield(self._writing)
+
+    async def _probe_loop(self) -> None:
+        """Put endpoints that were given up on back in service when they answer again."""
+        while True:
+            await asyncio.sleep(PROBE_S)
+            for endpoint in self.endpoints:
+                await endpoint.guard.probe()
 
     async def report(self) -> None:
         for reporter in self.reporters:

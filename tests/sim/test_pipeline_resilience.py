@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
-from pipeline_support import check_run, datagen, rows_on_disk, write_config, write_prompts
+from pipeline_support import check_run, datagen, rows_on_disk, wait_for_rows, write_config, write_prompts
 
 from flows.config import load_config
 from flows.runner import execute
@@ -147,7 +148,7 @@ def test_sigterm_flushes_buffered_rows_and_exits_for_a_resume(tmp_path: Path) ->
         assert proc.returncode == 130, out.decode()[-2000:]
         assert b"run the same command again to resume" in out
         saved = rows_on_disk(tmp_path / "term")
-        assert saved > 200
+        assert saved > 100  # the server had finished 200+; the ones the client had read were kept
         again = datagen("run", str(config), "--no-prefect")
         assert again.wait(timeout=300) == 0
     check = check_run(tmp_path / "term")
@@ -211,3 +212,53 @@ def test_an_unreachable_endpoint_is_one_clear_line_not_a_traceback(tmp_path: Pat
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 3
     assert b"cannot use the endpoint" in out and b"Traceback" not in out
+
+
+async def test_prompts_fail_over_to_the_other_endpoint_when_one_dies(tmp_path: Path) -> None:
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 800)
+    with SimulatorProcess(SimConfig(**FAST)) as first, SimulatorProcess(SimConfig(**FAST)) as second:
+        config = write_config(
+            tmp_path / "run.toml", name="two", output_dir=tmp_path, url=first.url, source=source
+        )
+        text = config.read_text().replace(
+            f'url = "{first.url}"\n', f'url = "{first.url}"\n\n[[endpoints]]\nurl = "{second.url}"\n'
+        )
+        text = text.replace(
+            "max_wait_s = 0.5", "max_wait_s = 0.5\nfailover_after_s = 1\noutage_patience_s = 30"
+        )
+        config.write_text(text)
+        run = asyncio.create_task(execute(load_config(config), use_prefect=False, show_progress=False))
+        await _wait_rows(tmp_path / "two", 150)
+        first.kill()  # gone for good: never comes back during the run
+        status = await run
+    check = check_run(tmp_path / "two")
+    assert len(check.row_ids) == 800 and check.reject_ids == [] and check.duplicates == 0
+    assert status.rows == 800
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["categories"][0]["this_run"]["recovered_after_outage"] >= 1
+
+
+def test_a_lone_server_gone_for_good_stops_the_run_then_resume_finishes(tmp_path: Path) -> None:
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 600)
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config = write_config(
+            tmp_path / "run.toml", name="gone", output_dir=tmp_path, url=sim.url, source=source
+        )
+        config.write_text(
+            config.read_text().replace("max_wait_s = 0.5", "max_wait_s = 0.5\noutage_patience_s = 3")
+        )
+        proc = datagen("run", str(config), "--no-prefect")
+        wait_for_rows(tmp_path / "gone", 100, proc, timeout_s=120)
+        sim.kill()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 3, out.decode()[-2000:]
+        assert b"no endpoint has answered for 3 s" in out
+        stopped = check_run(tmp_path / "gone")
+        assert stopped.reject_ids == [] and 100 <= len(stopped.row_ids) < 600  # nothing turned into a reject
+        sim.start()  # the server is back (same port): the same command finishes the run
+        again = datagen("run", str(config), "--no-prefect")
+        assert again.wait(timeout=300) == 0
+    final = check_run(tmp_path / "gone")
+    assert len(final.row_ids) == 600 and final.duplicates == 0 and final.reject_ids == []

@@ -82,7 +82,14 @@ def test_idle_metrics_carry_no_retraction_counter(captured: Captured) -> None:
 
 
 async def test_retraction_counter_absent_until_the_first_retraction(start_sim: StartSim) -> None:
-    sim = start_sim(max_total_tokens=300, context_length=300, init_new_token_ratio=0.05, time_scale=0.001)
+    # every answer runs to max_tokens, slowly enough that all 8 overlap: 8 x 120 tokens cannot fit in 300
+    sim = start_sim(
+        max_total_tokens=300,
+        context_length=300,
+        init_new_token_ratio=0.05,
+        time_scale=0.01,
+        stop_probability=0.0,
+    )
     async with httpx.AsyncClient(base_url=sim.url, timeout=30) as client:
         before = families((await client.get("/metrics")).text)
         bodies = [

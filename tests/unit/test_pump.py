@@ -8,7 +8,7 @@ import pytest
 from flows.concurrency import FixedLimit, Lane, Limiter
 from flows.config import CategoryConfig
 from flows.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
-from flows.health import Endpoint
+from flows.health import Endpoint, GuardedLimit
 from flows.prompt_stream import Reject
 from flows.pump import CategorySink, RunAborted, Tally, pump_shard
 from flows.responses import Generation, Usage
@@ -64,19 +64,26 @@ class FakeClient:
 
 
 class FakeGuard:
-    """Reports the endpoint healthy (``up``) or gone for good; counts the questions."""
+    """Reports the endpoint healthy (``comes_back``) or gone for good; counts the questions."""
 
-    def __init__(self, up: bool) -> None:
-        self.up = up
+    def __init__(self, comes_back: bool) -> None:
+        self.comes_back = comes_back
+        self.up = True
         self.asked = 0
 
-    async def recover(self) -> bool:
+    async def recover(self, patience_s: float | None = None) -> bool:
         self.asked += 1
-        return self.up
+        self.up = self.comes_back
+        return self.comes_back
 
 
-def _lanes(client: FakeClient, limit: int, *, up: bool = False) -> Limiter:
-    return Limiter([Lane(Endpoint(client, FakeGuard(up)), FixedLimit(limit))])  # type: ignore[arg-type]
+def _lanes(*clients: FakeClient, limit: int, comes_back: bool = True) -> Limiter:
+    """One lane per client, each with its guard, each lane closed while its guard is down."""
+    lanes = []
+    for client in clients:
+        guard = FakeGuard(comes_back)
+        lanes.append(Lane(Endpoint(client, guard), GuardedLimit(FixedLimit(limit), guard)))  # type: ignore[arg-type]
+    return Limiter(lanes)
 
 
 def _record(i: int, text: str) -> PromptRecord:
@@ -107,7 +114,7 @@ def _sink(tmp_path: Path) -> CategorySink:
 
 async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> None:
     client = FakeClient()
-    limiter = _lanes(client, 4)
+    limiter = _lanes(client, limit=4)
     sink = _sink(tmp_path)
     texts = ["ok"] * 20 + ["bad", "flaky", "long"]
     items: list = [_record(i, t) for i, t in enumerate(texts)]
@@ -144,7 +151,7 @@ async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> Non
 
 async def test_fatal_endpoint_error_aborts_without_rejecting(tmp_path: Path) -> None:
     client = FakeClient()
-    limiter = _lanes(client, 2)
+    limiter = _lanes(client, limit=2)
     sink = _sink(tmp_path)
     items = [_record(0, "key")] + [_record(i, "ok") for i in range(1, 50)]
     with pytest.raises(RunAborted, match="401"):
@@ -161,7 +168,7 @@ async def test_exhausted_retries_during_an_outage_are_asked_again_once_the_serve
 ) -> None:
     client = FakeClient()
     client.outages = 2
-    limiter = _lanes(client, 1, up=True)
+    limiter = _lanes(client, limit=1)
     sink = _sink(tmp_path)
     sampling = SamplingParams(max_tokens=8)
     await pump_shard([_record(0, "outage")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
@@ -172,10 +179,42 @@ async def test_exhausted_retries_during_an_outage_are_asked_again_once_the_serve
 
 async def test_a_prompt_failing_on_a_healthy_server_ends_as_a_retryable_reject(tmp_path: Path) -> None:
     client = FakeClient()
-    limiter = _lanes(client, 1, up=True)
+    limiter = _lanes(client, limit=1)
     sink = _sink(tmp_path)
     sampling = SamplingParams(max_tokens=8)
     await pump_shard([_record(0, "flaky")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
     (reject,) = sink.rejects._rows
     assert reject["retryable"] is True
     assert limiter.lanes[0].endpoint.guard.asked == 2  # asked again twice, then gave up (3 rounds)
+
+
+async def test_a_lone_endpoint_gone_for_good_stops_the_run_instead_of_rejecting(tmp_path: Path) -> None:
+    client = FakeClient()
+    client.outages = 10**6
+    limiter = _lanes(client, limit=4, comes_back=False)
+    sink = _sink(tmp_path)
+    items = [_record(i, "ok") for i in range(3)] + [_record(i, "outage") for i in range(3, 40)]
+    with pytest.raises(RunAborted, match="no endpoint has answered"):
+        await pump_shard(
+            items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+        )
+    assert sink.tally.rows == 3 and sink.tally.rejects == 0  # what was done is kept; nothing rejected
+    assert limiter.in_flight == 0
+
+
+async def test_prompts_move_to_another_endpoint_when_theirs_goes_silent(tmp_path: Path) -> None:
+    dead, alive = FakeClient(), FakeClient()
+    dead.outages = 10**6
+    dead.endpoint = "http://dead"  # type: ignore[misc]
+    limiter = _lanes(dead, alive, limit=2)
+    limiter.lanes[0].endpoint.guard.comes_back = False  # type: ignore[attr-defined]
+    sink = _sink(tmp_path)
+    items = [_record(i, "outage") for i in range(20)]
+    await pump_shard(
+        items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+    )
+    rows = sink.rows._rows
+    assert len(rows) == 20 and sink.tally.rejects == 0
+    assert {row["endpoint"] for row in rows} == {"http://fake"}  # all answered by the live endpoint
+    assert limiter.lanes[0].endpoint.guard.up is False  # the silent one took no more prompts
+    assert sink.tally.recovered >= 1
