@@ -18,14 +18,13 @@ from flows.console import LiveProgress, print_summary
 from flows.pipeline import run_plain
 from flows.report import write_report
 from flows.session import ConfigProblem, RunSession
-from flows.status import RunStatus, run_status
+from flows.status import RunStatus, expected_prompts, run_status
 from prompts.readers import missing_local
 from sglang_launch.simulator import SimConfig
 
 QUIET_ENV = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_UI_ENABLED": "true",
 }
 
 
@@ -48,17 +47,14 @@ async def execute(
     *,
     force: bool = False,
     use_prefect: bool = True,
-    endpoint_urls: list[str] | None = None,
     show_progress: bool = True,
 ) -> RunStatus:
     """Run (or resume) the config; return the status read back from disk."""
     missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
     if missing:
         raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
-    session = RunSession(config, force=force, endpoint_urls=endpoint_urls)
-    limits = [c.limit for c in config.categories]
-    total = None if any(limit is None for limit in limits) else sum(limit or 0 for limit in limits)
-    progress = LiveProgress(total) if show_progress else None
+    session = RunSession(config, force=force)
+    progress = LiveProgress(expected_prompts(config)) if show_progress else None
     if progress is not None:
         session.reporters.append(progress.update)
     try:

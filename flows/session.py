@@ -86,7 +86,6 @@ class RunSession:
         config: RunConfig,
         *,
         force: bool = False,
-        endpoint_urls: list[str] | None = None,
         report_every_s: float = 2.0,
     ) -> None:
         self.config = config
@@ -102,7 +101,6 @@ class RunSession:
         self.resumed = False
         self.model = ""
         self.fingerprint = ""
-        self._endpoint_urls = endpoint_urls
         self._report_every_s = report_every_s
         self._clients: list[EndpointClient] = []
         self._background: list[asyncio.Task[None]] = []
@@ -166,14 +164,8 @@ class RunSession:
             self.engine = LaunchedEngine(server)
             await asyncio.to_thread(self.engine.ensure_running)
             targets.append((self.engine.url, server.served_model_name, server.api_key_env, True, self.engine))
-        endpoints = self.config.endpoints
-        urls = self._endpoint_urls or [e.url for e in endpoints]
-        for index, url in enumerate(urls):
-            settings = endpoints[index] if index < len(endpoints) else None
-            if settings is None:
-                targets.append((url, None, None, True, None))
-            else:
-                targets.append((url, settings.model, settings.api_key_env, settings.stream, None))
+        for endpoint in self.config.endpoints:
+            targets.append((endpoint.url, endpoint.model, endpoint.api_key_env, endpoint.stream, None))
         return targets
 
     async def __aexit__(self, *exc_info: object) -> None:

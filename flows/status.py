@@ -15,6 +15,7 @@ from flows.quality import TRUNCATED
 from flows.store import RunStore
 
 if TYPE_CHECKING:
+    from flows.config import RunConfig
     from flows.session import RunSession
 
 
@@ -117,12 +118,17 @@ def status_document(status: RunStatus) -> dict[str, Any]:
     }
 
 
+def expected_prompts(config: RunConfig) -> int | None:
+    """Prompts the run will settle, when every category has a limit; None while streaming an unknown total."""
+    limits = [c.limit for c in config.categories]
+    return None if any(limit is None for limit in limits) else sum(limit or 0 for limit in limits)
+
+
 def progress_fraction(session: RunSession) -> float | None:
-    """Done / expected, when every category has a limit; None when the total is unknown (streaming)."""
-    limits = [c.limit for c in session.config.categories]
-    if any(limit is None for limit in limits):
+    """Done / expected (see ``expected_prompts``); None when the total is unknown."""
+    total = expected_prompts(session.config)
+    if total is None:
         return None
-    total = sum(limit or 0 for limit in limits)
     done = sum(
         run.counts.already_done + run.sink.tally.rows + run.sink.tally.rejects
         for run in session.categories.values()
