@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 from typing import Any, cast
 from uuid import UUID
 
@@ -21,6 +23,8 @@ from flows.session import RunSession
 from flows.status import progress_fraction, progress_markdown
 
 ARTIFACT_EVERY_S = 5.0
+TABLE_EVERY_TICKS = 6
+log = logging.getLogger(__name__)
 
 
 @task(name="shard", cache_policy=NO_CACHE, persist_result=False, task_run_name="{category}-shard-{index}")
@@ -34,17 +38,32 @@ async def category_flow(session_key: str, category: str) -> None:
 
 
 async def _artifact_loop(session: RunSession) -> None:
-    """Progress in the Prefect UI every few seconds (not per request: artifacts are API writes)."""
-    artifact_id: UUID | None = None
-    while True:
-        fraction = progress_fraction(session)
-        percent = round(100.0 * fraction, 1) if fraction is not None else 0.0
-        if artifact_id is None:
-            artifact_id = await acreate_progress_artifact(
-                progress=percent, key=f"{_key(session)}-progress", description="rows + rejects done"
-            )
-        else:
-            await aupdate_progress_artifact(artifact_id=artifact_id, progress=percent)
+    """Progress in the Prefect UI every few seconds, and the live counts table every half minute.
+
+    Not per request: artifacts are API writes. A failed write (the API restarting) is logged and
+    retried at the next tick; it never touches the data.
+    """
+    progress_id: UUID | None = None
+    key = _key(session)
+    for tick in itertools.count():
+        try:
+            fraction = progress_fraction(session)
+            percent = round(100.0 * fraction, 1) if fraction is not None else 0.0
+            if progress_id is None:
+                described = (
+                    "rows + rejects done" if fraction is not None else "total unknown (streamed source)"
+                )
+                progress_id = await acreate_progress_artifact(
+                    progress=percent, key=f"{key}-progress", description=described
+                )
+            elif fraction is not None:
+                await aupdate_progress_artifact(artifact_id=progress_id, progress=percent)
+            if tick % TABLE_EVERY_TICKS == 0:
+                await acreate_markdown_artifact(
+                    markdown=progress_markdown(session), key=f"{key}-summary", description="live counts"
+                )
+        except Exception:
+            log.warning("could not update the Prefect artifacts", exc_info=True)
         await asyncio.sleep(ARTIFACT_EVERY_S)
 
 
@@ -61,7 +80,7 @@ async def datagen_flow(run_name: str, session_key: str) -> dict[str, Any]:
         await run_categories(session_key, category_flow)
     finally:
         updater.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        with contextlib.suppress(asyncio.CancelledError):
             await updater
     await acreate_markdown_artifact(
         markdown=progress_markdown(session), key=f"{_key(session)}-summary", description="run summary"
