@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from datasets import Dataset, load_from_disk
 
 from flows.schema import ROW_FEATURES
-from flows.store import TMP_PREFIX, RunStore, fsync_dir, shard_files
+from flows.store import TMP_PREFIX, RunStore, atomic_file, fsync_dir, shard_files
 
 EXPORTS_DIR = "exports"
 BATCH_ROWS = 1024
@@ -214,18 +214,8 @@ def iter_selected_rows(
 def write_lines_atomically(lines: Iterable[str], path: Path) -> None:
     """Stream lines to a temporary file, fsync, rename: the file is whole or absent (or the old one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.writelines(lines)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with atomic_file(path, "w") as handle:
+        handle.writelines(lines)
 
 
 def _swap_in_dir(tmp: Path, path: Path) -> None:

@@ -33,10 +33,6 @@ class CategoryStatus:
     reject_reasons: Counter[str] = field(default_factory=Counter)
 
     @property
-    def done(self) -> int:
-        return self.rows + self.rejects
-
-    @property
     def training_rows(self) -> int:
         return self.rows - self.flagged
 

@@ -8,17 +8,18 @@ or a row twice. The store knows nothing of HTTP or Prefect.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,25 +48,33 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_parquet_atomically(table: pa.Table, path: Path) -> None:
-    """Write, fsync, rename, fsync the directory: the file is either whole or absent."""
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
+    """Write under a temporary name, fsync, rename, fsync the directory: the file is whole or absent.
+
+    A failure while writing removes the temporary file and leaves any previous ``path`` untouched.
+    """
     tmp = path.with_name(TMP_PREFIX + path.name)
-    with open(tmp, "wb") as handle:
-        pq.write_table(table, handle, compression="zstd")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
+
+
+def write_parquet_atomically(table: pa.Table, path: Path) -> None:
+    with atomic_file(path) as handle:
+        pq.write_table(table, handle, compression="zstd")
 
 
 def write_json_atomically(payload: Any, path: Path) -> None:
-    tmp = path.with_name(TMP_PREFIX + path.name)
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with atomic_file(path, "w") as handle:
         json.dump(payload, handle, indent=2, sort_keys=True, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class ShardWriter:
@@ -281,8 +290,3 @@ class RunStore:
         return ShardWriter(
             self.rejects_dir(category), REJECT_FEATURES, flush_rows=flush_rows, flush_seconds=flush_seconds
         )
-
-
-def flush_all(writers: Iterable[ShardWriter]) -> None:
-    for writer in writers:
-        writer.flush()
