@@ -133,3 +133,17 @@ def wait_for_rows(run_dir: Path, minimum: int, proc: subprocess.Popen[bytes], ti
             raise AssertionError(f"run ended before {minimum} rows were on disk:\n{out[-3000:]}")
         time.sleep(0.05)
     raise AssertionError(f"fewer than {minimum} rows after {timeout_s} s")
+
+
+def children(pid: int, needle: bytes) -> list[int]:
+    """Live child processes of ``pid`` whose command line contains ``needle`` (others' are ignored)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid and needle in cmdline:
+            found.append(int(proc.name))
+    return found

@@ -21,7 +21,15 @@ import httpx
 import pytest
 from datasets import load_dataset
 from engine_support import needs_sglang, tiny_sglang
-from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
+from pipeline_support import (
+    check_run,
+    children,
+    datagen,
+    kill_group,
+    wait_for_rows,
+    write_config,
+    write_prompts,
+)
 
 from sglang_launch.engine import LaunchedEngine
 from sglang_launch.launcher import free_port
@@ -140,19 +148,6 @@ def test_kill_9_then_rerun_against_real_sglang(tmp_path: Path, sglang_url: str) 
     assert len(manifest["history"]) == 2
 
 
-def _children(pid: int, needle: bytes) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == pid and needle in cmdline:
-            found.append(int(proc.name))
-    return found
-
-
 def test_run_launches_real_sglang_and_survives_its_crash(tmp_path: Path) -> None:
     """`[server] launch = true`: the run starts SGLang, restarts it after a kill -9, and stops it."""
     server = tiny_sglang(tmp_path / "unused")
@@ -181,7 +176,7 @@ extra_args = {json.dumps(server.extra_args)}
     proc = datagen("run", str(config), "--no-prefect")
     try:
         wait_for_rows(tmp_path / "launched", 20, proc, timeout_s=300)
-        (sglang,) = _children(proc.pid, b"sglang.launch_server")
+        (sglang,) = children(proc.pid, b"sglang.launch_server")
         os.killpg(sglang, signal.SIGKILL)  # the server and its scheduler die mid-run
         out, _ = proc.communicate(timeout=600)
     finally:

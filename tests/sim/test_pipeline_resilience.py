@@ -9,7 +9,15 @@ import signal
 import time
 from pathlib import Path
 
-from pipeline_support import check_run, datagen, rows_on_disk, wait_for_rows, write_config, write_prompts
+from pipeline_support import (
+    check_run,
+    children,
+    datagen,
+    rows_on_disk,
+    wait_for_rows,
+    write_config,
+    write_prompts,
+)
 
 from flows.config import load_config
 from flows.runner import execute
@@ -101,28 +109,14 @@ extra_args = ["--time-scale", "0.02", "--stream-interval-s", "0.02", "--log-leve
     cfg = load_config(config)
     run = asyncio.create_task(execute(cfg, use_prefect=False, show_progress=False))
     await _wait_rows(tmp_path / "launched", 100)
-    (server,) = _our_simulators()
+    (server,) = children(os.getpid(), b"sglang_launch.simulator")
     os.kill(server, signal.SIGKILL)  # the server crashes mid-run
     status = await run
     check = check_run(tmp_path / "launched")
     assert len(check.row_ids) == 500 and check.reject_ids == [] and check.duplicates == 0
     assert status.rows == 500
     assert len(list((tmp_path / "server-logs").iterdir())) >= 2  # first start + the restart
-    assert _our_simulators() == []  # stopped at the end of the run
-
-
-def _our_simulators() -> list[int]:
-    """Simulator processes this test process started (other tests or sessions may run their own)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == os.getpid() and b"sglang_launch.simulator" in cmdline:
-            found.append(int(proc.name))
-    return found
+    assert children(os.getpid(), b"sglang_launch.simulator") == []  # stopped at the end of the run
 
 
 def test_sigterm_flushes_buffered_rows_and_exits_for_a_resume(tmp_path: Path) -> None:
