@@ -67,7 +67,7 @@ async def pipeline(url: str, source: Path, out: Path, concurrency: int, max_toke
             "categories": [{"name": "bench", "source": str(source), "format": "messages"}],
         }
     )
-    status = await execute(cfg, use_prefect=False, show_progress=False)
+    status = await execute(cfg, use_prefect=False)
     return status.rows, sum(c.completion_tokens for c in status.categories)
 
 

@@ -1,7 +1,7 @@
 """Peak memory of streaming a large local prompt file through the real pipeline stream (issue 3).
 
 Claim under test: reading prompts keeps memory flat, whatever the file size, because rows are read,
-converted and dropped one at a time (``prompts.readers`` + ``flows.prompt_stream.category_items``).
+converted and dropped one at a time (``prompts.readers`` + ``flows.run.prompt_stream.category_items``).
 What does grow, by design, is one entry per prompt in the stream's ``seen`` id set and in the
 dedup index (that is what makes a prompt asked once); the bench estimates those two structures so
 the rest of the growth can be judged on its own.
@@ -126,8 +126,8 @@ def stream_child(path: Path, rows: int) -> dict[str, Any]:
     """Stream ``rows`` rows of ``path`` through ``category_items``, as a run's category does."""
     # Imported here: the naive child must not carry the pipeline's imports in its baseline.
     from flows.config import CategoryConfig
-    from flows.prompt_stream import StreamCounts, category_items, source_rows
-    from flows.store import CategoryState
+    from flows.run.prompt_stream import StreamCounts, category_items, source_rows
+    from flows.store.run_store import CategoryState
     from prompts.dedup import DedupIndex, prompt_key
     from prompts.records import PromptRecord
 

@@ -18,23 +18,13 @@ from prefect import flow, task
 from prefect.artifacts import acreate_markdown_artifact, acreate_progress_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.pipeline import SESSIONS, ShardRunner, register, run_categories, run_category, run_shard
-from flows.session import RunSession
-from flows.status import progress_fraction, progress_markdown
+from flows.report.status import progress_fraction, progress_markdown
+from flows.run.pipeline import Pipeline, ShardRunner
+from flows.run.session import RunSession
 
 ARTIFACT_EVERY_S = 5.0
 TABLE_EVERY_TICKS = 6
 log = logging.getLogger(__name__)
-
-
-@task(name="shard", cache_policy=NO_CACHE, persist_result=False, task_run_name="{category}-shard-{index}")
-async def shard_task(session_key: str, category: str, index: int) -> None:
-    await run_shard(session_key, category, index)
-
-
-@flow(name="category", flow_run_name="{category}", persist_result=False, validate_parameters=False)
-async def category_flow(session_key: str, category: str) -> None:
-    await run_category(session_key, category, cast(ShardRunner, shard_task))
 
 
 async def _artifact_loop(session: RunSession) -> None:
@@ -72,25 +62,38 @@ def _key(session: RunSession) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in session.config.run.name.lower())
 
 
-@flow(name="datagen", flow_run_name="{run_name}", persist_result=False, validate_parameters=False)
-async def datagen_flow(run_name: str, session_key: str) -> dict[str, Any]:
-    session = SESSIONS[session_key]
-    updater = asyncio.create_task(_artifact_loop(session))
-    try:
-        await run_categories(session_key, category_flow)
-    finally:
-        updater.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await updater
-    await acreate_markdown_artifact(
-        markdown=progress_markdown(session), key=f"{_key(session)}-summary", description="run summary"
-    )
-    return session.snapshot()
+def _datagen_flow(pipeline: Pipeline) -> Any:
+    """The run's flow, its category subflow and shard task, closed over this run's pipeline.
+
+    The live objects (clients, store, limiter) stay in this process and out of Prefect's parameters,
+    which are JSON stored by the API: flows and tasks only pass a category name and a shard index.
+    """
+    session = pipeline.session
+
+    @task(name="shard", cache_policy=NO_CACHE, persist_result=False, task_run_name="{category}-shard-{index}")
+    async def shard_task(category: str, index: int) -> None:
+        await pipeline.run_shard(category, index)
+
+    @flow(name="category", flow_run_name="{category}", persist_result=False, validate_parameters=False)
+    async def category_flow(category: str) -> None:
+        await pipeline.run_category(category, cast(ShardRunner, shard_task))
+
+    @flow(name="datagen", flow_run_name="{run_name}", persist_result=False, validate_parameters=False)
+    async def datagen_flow(run_name: str) -> dict[str, Any]:
+        updater = asyncio.create_task(_artifact_loop(session))
+        try:
+            await pipeline.run_categories(category_flow)
+        finally:
+            updater.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await updater
+        await acreate_markdown_artifact(
+            markdown=progress_markdown(session), key=f"{_key(session)}-summary", description="run summary"
+        )
+        return session.snapshot()
+
+    return datagen_flow
 
 
 async def run_with_prefect(session: RunSession) -> None:
-    key = register(session)
-    try:
-        await datagen_flow(run_name=session.config.run.name, session_key=key)
-    finally:
-        SESSIONS.pop(key, None)
+    await _datagen_flow(Pipeline(session))(run_name=session.config.run.name)

@@ -11,14 +11,14 @@ import shutil
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flows.config import RunConfig, parse_config
-from flows.console import LiveProgress, print_summary
-from flows.pipeline import run_plain
-from flows.report import write_report
-from flows.session import ConfigProblem, RunSession
-from flows.status import RunStatus, expected_prompts, run_status
+from flows.report.status import RunStatus, expected_prompts, run_status
+from flows.report.summary import write_report
+from flows.run.endpoints import ConfigProblem
+from flows.run.pipeline import Pipeline
+from flows.run.session import RunSession
 from prompts.readers import missing_local
 from sglang_launch.simulator import SimConfig
 
@@ -42,42 +42,53 @@ def configure(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+class RunDisplay(Protocol):
+    """What a person watching the run sees: the CLI's live line and closing summary, or nothing."""
+
+    def start(self, expected: int | None) -> None: ...
+
+    def update(self, session: RunSession) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def summary(self, summary: dict[str, Any], status: RunStatus) -> None: ...
+
+
 async def execute(
     config: RunConfig,
     *,
     force: bool = False,
     use_prefect: bool = True,
-    show_progress: bool = True,
+    display: RunDisplay | None = None,
 ) -> RunStatus:
     """Run (or resume) the config; return the status read back from disk."""
     missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
     if missing:
         raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
     session = RunSession(config, force=force)
-    progress = LiveProgress(expected_prompts(config)) if show_progress else None
-    if progress is not None:
-        session.reporters.append(progress.update)
+    if display is not None:
+        session.reporters.append(display.update)
     try:
         async with session:
-            if progress is not None:
-                progress.__enter__()
+            if display is not None:
+                display.start(expected_prompts(config))
             try:
                 if use_prefect:
                     from flows.prefect_flow import run_with_prefect
 
                     await run_with_prefect(session)
                 else:
-                    await run_plain(session)
+                    await Pipeline(session).run_plain()
             finally:
                 await session.report()
-                if progress is not None:
-                    progress.__exit__(None, None, None)
+                if display is not None:
+                    display.stop()
     finally:
         if session.fingerprint:  # the run directory was opened: explain it, even after a failure
             status = run_status(config.run_dir)
             summary = write_report(session, status)
-    if show_progress:
-        print_summary(summary, status)
+    if display is not None:
+        display.summary(summary, status)
     return status
 
 

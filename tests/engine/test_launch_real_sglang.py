@@ -17,7 +17,8 @@ from engine_support import CPU_ARGS, CPU_ENV, needs_sglang, tiny_sglang
 from rich.console import Console
 from typer.testing import CliRunner
 
-from sglang_launch import launch_cli, launcher
+from flows.cli import launch as launch_cli
+from sglang_launch import launcher
 from sglang_launch.engine import LaunchedEngine
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300), needs_sglang]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import socket
 
-from flows.health import EndpointGuard
+from flows.client.guard import EndpointGuard
 from sglang_launch.simulator import SimConfig, simulator_in_thread
 
 

@@ -55,8 +55,8 @@ generation = {{ max_tokens = 16 }}
             extra=quotas,
         )
         cfg = load_config(config)
-        first = await execute(cfg, use_prefect=False, show_progress=False)
-        again = await execute(cfg, use_prefect=False, show_progress=False)  # resume: nothing new
+        first = await execute(cfg, use_prefect=False)
+        again = await execute(cfg, use_prefect=False)  # resume: nothing new
     expected_other = {f"b{i:05d}" for i in range(90) if sample_score(3, f"b{i:05d}") < 0.5}
     counts = {c.name: c.rows for c in first.categories}
     assert counts == {"chat": 25, "other": len(expected_other)}
@@ -75,7 +75,7 @@ async def test_a_server_restart_mid_run_costs_no_prompt(tmp_path: Path) -> None:
                 tmp_path / "run.toml", name="restart", output_dir=tmp_path, url=sim.url, source=source
             )
         )
-        run = asyncio.create_task(execute(cfg, use_prefect=False, show_progress=False))
+        run = asyncio.create_task(execute(cfg, use_prefect=False))
         await _wait_rows(tmp_path / "restart", 150)
         await asyncio.to_thread(sim.restart, 4.0)  # all in-flight streams cut, 4 s of 503s
         status = await run
@@ -107,7 +107,7 @@ extra_args = ["--time-scale", "0.02", "--stream-interval-s", "0.02", "--log-leve
 """
     config.write_text(text)
     cfg = load_config(config)
-    run = asyncio.create_task(execute(cfg, use_prefect=False, show_progress=False))
+    run = asyncio.create_task(execute(cfg, use_prefect=False))
     await _wait_rows(tmp_path / "launched", 100)
     (server,) = children(os.getpid(), b"sglang_launch.simulator")
     os.kill(server, signal.SIGKILL)  # the server crashes mid-run
@@ -222,7 +222,7 @@ async def test_prompts_fail_over_to_the_other_endpoint_when_one_dies(tmp_path: P
             "max_wait_s = 0.5", "max_wait_s = 0.5\nfailover_after_s = 1\noutage_patience_s = 30"
         )
         config.write_text(text)
-        run = asyncio.create_task(execute(load_config(config), use_prefect=False, show_progress=False))
+        run = asyncio.create_task(execute(load_config(config), use_prefect=False))
         await _wait_rows(tmp_path / "two", 150)
         first.kill()  # gone for good: never comes back during the run
         status = await run

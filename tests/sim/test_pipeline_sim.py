@@ -12,7 +12,7 @@ from pipeline_support import check_run, datagen, kill_group, wait_for_rows, writ
 
 from flows.config import load_config
 from flows.runner import execute
-from flows.schema import ROW_FEATURES
+from flows.store.schema import ROW_FEATURES
 from sglang_launch.simulator import FaultConfig, SimConfig, SimulatorProcess
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
@@ -33,7 +33,7 @@ async def test_2000_prompts_with_faults_end_as_exactly_one_row_or_reject(tmp_pat
         cfg = load_config(
             write_config(tmp_path / "run.toml", name="scale", output_dir=tmp_path, url=sim.url, source=source)
         )
-        status = await execute(cfg, use_prefect=False, show_progress=False)
+        status = await execute(cfg, use_prefect=False)
         stats = sim.stats()
     check = check_run(tmp_path / "scale")
     assert check.corrupt_files == []

@@ -29,7 +29,7 @@ def _config(tmp_path: Path, url: str, category: dict) -> object:
 async def test_all_turns_regenerates_every_user_turn_in_order(tmp_path: Path) -> None:
     with SimulatorProcess(SimConfig(**FAST, stop_probability=1.0)) as sim:
         cfg = _config(tmp_path, sim.url, {"name": "sample_sharegpt", "mode": "all_turns"})
-        await execute(cfg, use_prefect=False, show_progress=False)  # type: ignore[arg-type]
+        await execute(cfg, use_prefect=False)  # type: ignore[arg-type]
     ds = load_dataset("parquet", data_dir=str(tmp_path / "modes" / "data"), split="train")
     assert len(ds) == 49
     multi = [row for row in ds if row["requests"] > 1]
@@ -52,7 +52,7 @@ async def test_tool_replay_keeps_recorded_results_for_matching_calls(tmp_path: P
                 "mode": "tool_replay",
             },
         )
-        status = await execute(cfg, use_prefect=False, show_progress=False)  # type: ignore[arg-type]
+        status = await execute(cfg, use_prefect=False)  # type: ignore[arg-type]
     ds = load_dataset("parquet", data_dir=str(tmp_path / "modes" / "data"), split="train")
     assert status.rows == len(ds) and len(ds) >= 3
     replayed = [row for row in ds if any(m["role"] == "tool" for m in row["messages"])]

@@ -20,8 +20,8 @@ from bench.stream_memory import (
     write_sources,
 )
 from flows.config import CategoryConfig
-from flows.prompt_stream import StreamCounts, category_items
-from flows.store import CategoryState
+from flows.run.prompt_stream import StreamCounts, category_items
+from flows.store.run_store import CategoryState
 
 MIB = 1024 * 1024
 

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from flows.client import EndpointClient, RetryPolicy
-from flows.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
-from flows.responses import Usage
-from flows.sampling import SamplingParams
+from flows.client.endpoint import EndpointClient, RetryPolicy
+from flows.client.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
+from flows.client.responses import Usage
+from flows.client.sampling import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SGLANG = "sglang-0.5.23"

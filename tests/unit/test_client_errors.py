@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from flows.errors import (
+from flows.client.errors import (
     MAX_REASON_CHARS,
     FatalEndpointError,
     PermanentRequestError,

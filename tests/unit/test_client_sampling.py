@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.sampling import SamplingParams
+from flows.client.sampling import SamplingParams
 
 
 def test_defaults_send_only_the_openai_fields() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sglang_launch import cli
+from flows.cli import gpu as cli
 from sglang_launch.diagnose import VERDICT_MEANINGS, Diagnosis, diagnose
 from sglang_launch.gpu import GpuInfo, GpuProcess, GpuSnapshot, GpuUnavailableError
 from sglang_launch.gpu_csv import parse_gpu_csv

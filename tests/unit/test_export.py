@@ -10,8 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import flows.export as export_module
-from flows.export import (
+import flows.report.export as export_module
+from flows.cli.export import export, summary_lines
+from flows.report.export import (
     ExportError,
     ExportFormat,
     Reasoning,
@@ -21,9 +22,8 @@ from flows.export import (
     push_export,
     specforge_message,
 )
-from flows.export_cli import export, summary_lines
-from flows.schema import ROW_FEATURES, normalize_message
-from flows.store import RunStore, shard_files
+from flows.store.run_store import RunStore, shard_files
+from flows.store.schema import ROW_FEATURES, normalize_message
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 TOOLS_JSON = json.dumps(TOOLS)

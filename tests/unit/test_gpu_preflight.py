@@ -13,7 +13,7 @@ import pynvml
 import pytest
 from typer.testing import CliRunner
 
-from sglang_launch import cli
+from flows.cli import gpu as cli
 from sglang_launch.gpu import GpuInfo, GpuSnapshot, GpuUnavailableError, read_gpus, redact_cmdline
 from sglang_launch.gpu_csv import parse_gpu_csv
 from sglang_launch.memory_math import GIB, MIB

@@ -20,9 +20,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from flows.cli.launch import app
 from sglang_launch import launcher
 from sglang_launch.engine import EngineUnavailable, ExternalEngine, LaunchedEngine, engine_from_config
-from sglang_launch.launch_cli import app
 from sglang_launch.launcher import (
     StartupFailed,
     launch_with_ladder,
@@ -420,7 +420,7 @@ def test_server_url_reaches_a_wildcard_bind_over_loopback(host: str, url: str) -
 
 
 def test_launch_config_logs_go_to_the_run_directory_unless_told(tmp_path: Path) -> None:
-    from sglang_launch.launch_cli import load_server_section
+    from flows.cli.launch import load_server_section
 
     config = tmp_path / "run.toml"
     config.write_text('[run]\nname = "r1"\noutput_dir = "out"\n[server]\nmodel_path = "m"\n')

@@ -12,9 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows import prompts_cli
+from flows.cli import prompts as prompts_cli
 from flows.config import CategoryConfig, ConfigError
-from flows.preview import (
+from flows.report.preview import (
     EXAMPLE_CHARS,
     Measure,
     build_preview,
@@ -326,7 +326,7 @@ def test_a_broken_category_file_is_a_config_error_naming_the_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     broken = tmp_path / "broken.toml"
-    monkeypatch.setattr("flows.preview.category_file", lambda name: broken)
+    monkeypatch.setattr("flows.report.preview.category_file", lambda name: broken)
     broken.write_text("name = ", encoding="utf-8")
     with pytest.raises(ConfigError, match=rf"^{broken}: not valid TOML"):
         find_category("broken")

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from flows.config import CategoryConfig
-from flows.prompt_stream import Reject, StreamCounts, category_items, take
-from flows.store import CategoryState
+from flows.run.prompt_stream import Reject, StreamCounts, category_items, take
+from flows.store.run_store import CategoryState
 from prompts.dedup import DedupIndex
 from prompts.records import PromptRecord
 

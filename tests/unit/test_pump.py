@@ -5,16 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from flows.concurrency import FixedLimit, Lane, Limiter
+from flows.client.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
+from flows.client.guard import Endpoint
+from flows.client.responses import Generation, Usage
+from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
-from flows.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
-from flows.health import Endpoint, GuardedLimit
-from flows.prompt_stream import Reject
-from flows.pump import CategorySink, RunAborted, Tally, pump_shard
-from flows.responses import Generation, Usage
-from flows.rows import reject_row
-from flows.sampling import SamplingParams
-from flows.store import RunStore
+from flows.control.limit import FixedLimit, GuardedLimit
+from flows.control.limiter import Lane, Limiter
+from flows.run.prompt_stream import Reject
+from flows.run.pump import CategorySink, RunAborted, Tally, pump_shard
+from flows.run.rows import reject_row
+from flows.store.run_store import RunStore
 from prompts.records import PromptRecord, SourceRef
 
 
@@ -82,7 +83,7 @@ def _lanes(*clients: FakeClient, limit: int, comes_back: bool = True) -> Limiter
     lanes = []
     for client in clients:
         guard = FakeGuard(comes_back)
-        lanes.append(Lane(Endpoint(client, guard), GuardedLimit(FixedLimit(limit), guard)))  # type: ignore[arg-type]
+        lanes.append(Lane(Endpoint(client, guard), GuardedLimit(FixedLimit(limit), lambda g=guard: g.up)))  # type: ignore[arg-type]
     return Limiter(lanes)
 
 

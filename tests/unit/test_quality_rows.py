@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import json
 
-from flows.quality import quality_flags
-from flows.regen import Regenerated
-from flows.responses import Generation, Usage
-from flows.rows import output_row, raw_row_id, reject_row
-from flows.sampling import SamplingParams
+from flows.client.responses import Generation, Usage
+from flows.client.sampling import SamplingParams
+from flows.run.quality import quality_flags
+from flows.run.regen import Regenerated
+from flows.run.rows import output_row, raw_row_id, reject_row
 from prompts.records import PromptRecord, SourceRef
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from flows.errors import PermanentRequestError
-from flows.regen import (
+from flows.client.errors import PermanentRequestError
+from flows.client.responses import Generation, Usage
+from flows.client.sampling import SamplingParams
+from flows.run.regen import (
     Replay,
     Reply,
     Stop,
@@ -21,8 +23,6 @@ from flows.regen import (
     retie_results,
     split_turns,
 )
-from flows.responses import Generation, Usage
-from flows.sampling import SamplingParams
 from prompts.convert_chat import convert_sharegpt
 from prompts.convert_glaive import convert_glaive
 from prompts.records import Message, PromptRecord, SourceRef

@@ -8,8 +8,14 @@ from typing import Any
 
 import pytest
 
-from flows.errors import TransientRequestError
-from flows.responses import Generation, StreamAccumulator, Usage, generation_from_completion, usage_from
+from flows.client.errors import TransientRequestError
+from flows.client.responses import (
+    Generation,
+    StreamAccumulator,
+    Usage,
+    generation_from_completion,
+    usage_from,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 from test_store import _row
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.rows import reject_row
-from flows.store import RunStore
+from flows.cli.main import app
+from flows.run.rows import reject_row
+from flows.store.run_store import RunStore
 
 
 def _run_dir(tmp_path: Path) -> Path:

@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import load_dataset
 
-from flows.rows import reject_row
-from flows.schema import ROW_FEATURES
-from flows.store import FingerprintMismatch, RunStore, shard_files
+from flows.run.rows import reject_row
+from flows.store.run_store import FingerprintMismatch, RunStore, shard_files
+from flows.store.schema import ROW_FEATURES
 
 
 def _row(rid: str, flags: list[str] | None = None) -> dict:

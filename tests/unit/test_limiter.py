@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import asyncio
 
-from flows.concurrency import FixedLimit, Lane, Limiter
+from flows.control.limit import FixedLimit
+from flows.control.limiter import Lane, Limiter
 
 
 class MutableLimit:

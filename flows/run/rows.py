@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from flows.quality import quality_flags
-from flows.regen import Regenerated
-from flows.sampling import SamplingParams
-from flows.schema import normalize_message
+from flows.client.sampling import SamplingParams
+from flows.run.quality import quality_flags
+from flows.run.regen import Regenerated
+from flows.store.schema import normalize_message
 from prompts.records import PromptRecord
 
 DETAIL_LIMIT = 2000

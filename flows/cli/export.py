@@ -1,5 +1,5 @@
 """`datagen export`: a run's rows as SpecForge JSONL or a saved HF dataset (mount with
-``app.command()(export)``). The command parses options and prints; the work is in ``flows.export``.
+``app.command()(export)``). The command parses options and prints; the work is in ``flows.report.export``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from flows.console import console, fail
-from flows.export import (
+from flows.cli.console import console, fail
+from flows.report.export import (
     ExportError,
     ExportFormat,
     ExportResult,

@@ -10,12 +10,12 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from flows.prompt_stream import StreamCounts
-from flows.status import RunStatus
-from flows.store import write_json_atomically
+from flows.report.status import RunStatus
+from flows.run.prompt_stream import StreamCounts
+from flows.store.run_store import write_json_atomically
 
 if TYPE_CHECKING:
-    from flows.session import RunSession
+    from flows.run.session import RunSession
 
 SUMMARY = "summary.json"
 REPORT = "report.md"
@@ -27,7 +27,7 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
     elapsed = session.elapsed_s()
     categories = []
     on_disk = {c.name: c for c in status.categories}
-    for name, run in session.categories.items():
+    for name, run in session.categories.runs.items():
         counts, tally, disk = run.counts, run.sink.tally, on_disk.get(name)
         categories.append(
             {
@@ -72,7 +72,7 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
         "completion_tokens": snap["completion_tokens"],
         "output_tokens_per_s": round(snap["completion_tokens"] / max(elapsed, 1e-9), 1),
         "rows_per_s": round(snap["rows"] / max(elapsed, 1e-9), 2),
-        "server_restarts": sum(e.guard.restarts for e in session.endpoints),
+        "server_restarts": sum(e.guard.restarts for e in session.pool.endpoints),
         "categories": categories,
     }
 

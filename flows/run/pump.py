@@ -11,17 +11,17 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from flows.client import EndpointClient
-from flows.concurrency import Lane, Limiter
+from flows.client.endpoint import EndpointClient
+from flows.client.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
+from flows.client.guard import Endpoint
+from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
-from flows.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
-from flows.health import Endpoint
-from flows.prompt_stream import Reject, dedup_key
-from flows.quality import TRUNCATED
-from flows.regen import regenerate
-from flows.rows import output_row, reject_row
-from flows.sampling import SamplingParams
-from flows.store import ShardWriter
+from flows.control.limiter import Lane, Limiter
+from flows.run.prompt_stream import Reject, dedup_key
+from flows.run.quality import TRUNCATED
+from flows.run.regen import regenerate
+from flows.run.rows import output_row, reject_row
+from flows.store.run_store import ShardWriter
 from prompts.records import PromptRecord
 
 

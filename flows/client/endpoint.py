@@ -4,7 +4,7 @@ One ``openai.AsyncOpenAI`` (with the SDK's own retries off) over one httpx conne
 for thousands of in-flight requests: a run keeps the server's KV cache full for hours, and a
 client per request (as SpecForge's script does) pays a TCP/TLS setup and a pool per prompt.
 Retries live here, with tenacity, because only here is the failure known precisely enough
-(``flows.errors``) to tell "try again" from "reject the prompt" from "stop the run".
+(``flows.client.errors``) to tell "try again" from "reject the prompt" from "stop the run".
 
 Timeouts: connecting is short, but a single read may legitimately wait a long time (a non-streamed
 60k-token reasoning answer sends nothing until it is done), so the read timeout defaults to an
@@ -32,9 +32,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from flows.errors import FatalEndpointError, RequestError, TransientRequestError, classify
-from flows.responses import Generation, StreamAccumulator, generation_from_completion
-from flows.sampling import SamplingParams
+from flows.client.errors import FatalEndpointError, RequestError, TransientRequestError, classify
+from flows.client.responses import Generation, StreamAccumulator, generation_from_completion
+from flows.client.sampling import SamplingParams
 
 T = TypeVar("T")
 OnAttemptFailed = Callable[[TransientRequestError], None]

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import Features
 
-from flows.schema import REJECT_FEATURES, ROW_FEATURES, arrow_schema
+from flows.store.schema import REJECT_FEATURES, ROW_FEATURES, arrow_schema
 
 log = logging.getLogger(__name__)
 

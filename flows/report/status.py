@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.quality import TRUNCATED
-from flows.store import RunStore
+from flows.run.quality import TRUNCATED
+from flows.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from flows.config import RunConfig
-    from flows.session import RunSession
+    from flows.run.session import RunSession
 
 
 @dataclass
@@ -127,7 +127,7 @@ def progress_fraction(session: RunSession) -> float | None:
         return None
     done = sum(
         run.counts.already_done + run.sink.tally.rows + run.sink.tally.rejects
-        for run in session.categories.values()
+        for run in session.categories.runs.values()
     )
     return min(done / total, 1.0) if total else 1.0
 
@@ -140,7 +140,7 @@ def progress_markdown(session: RunSession) -> str:
         "| category | rows | rejects | truncated | completion tokens |",
         "|---|---:|---:|---:|---:|",
     ]
-    for name, tally in session.tallies().items():
+    for name, tally in session.categories.tallies().items():
         lines.append(
             f"| {name} | {tally.rows} | {tally.rejects} | {tally.truncated} | {tally.completion_tokens} |"
         )

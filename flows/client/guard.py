@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from flows.client import EndpointClient
-from flows.concurrency import Limit
+from flows.client.endpoint import EndpointClient
 from sglang_launch.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -54,6 +53,10 @@ class EndpointGuard:
         self.on_up: Callable[[], Awaitable[None]] | None = None
         self._last_ok = 0.0
         self._lock = asyncio.Lock()
+
+    def is_up(self) -> bool:
+        """Whether the endpoint takes new requests (False while waited for or given up on)."""
+        return self.up
 
     async def healthy(self) -> bool:
         try:
@@ -110,18 +113,6 @@ class EndpointGuard:
             if self.on_up is not None:
                 await self.on_up()
         return True
-
-
-class GuardedLimit:
-    """An endpoint's limit, or 0 while its guard says it is down: no new requests to a dead server."""
-
-    def __init__(self, inner: Limit, guard: EndpointGuard) -> None:
-        self.inner = inner
-        self.guard = guard
-
-    @property
-    def limit(self) -> int:
-        return self.inner.limit if self.guard.up else 0
 
 
 @dataclass(frozen=True)

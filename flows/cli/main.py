@@ -12,15 +12,16 @@ from typing import Annotated, Any
 
 import typer
 
-from flows import export_cli, prompts_cli
+from flows.cli import export as export_cli
+from flows.cli import gpu as gpu_cli
+from flows.cli import launch as launch_cli
+from flows.cli import prompts as prompts_cli
+from flows.cli.console import LiveProgress, console, fail, print_status
 from flows.config import ConfigError, load_config
-from flows.console import console, fail, print_status
+from flows.report.status import run_status, status_document
+from flows.run.endpoints import ConfigProblem
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
-from flows.session import ConfigProblem
-from flows.status import run_status, status_document
-from flows.store import FingerprintMismatch
-from sglang_launch import cli as gpu_cli
-from sglang_launch import launch_cli
+from flows.store.run_store import FingerprintMismatch
 
 app = typer.Typer(
     help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
@@ -41,9 +42,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
-    from flows.errors import RequestError
-    from flows.pipeline import SourceError
-    from flows.pump import RunAborted
+    from flows.client.errors import RequestError
+    from flows.run.pipeline import SourceError
+    from flows.run.pump import RunAborted
     from sglang_launch.launcher import StartupFailed
 
     signal.signal(signal.SIGTERM, _interrupt)
@@ -79,7 +80,7 @@ def run(
     except ConfigError as error:
         fail(str(error))
         return
-    _run(lambda: execute(cfg, force=force, use_prefect=not no_prefect))
+    _run(lambda: execute(cfg, force=force, use_prefect=not no_prefect, display=LiveProgress()))
 
 
 @app.command()
@@ -100,7 +101,7 @@ def demo(
         console.print(
             f"simulator (SGLang 0.5.23 surface) at {sim.url}; Prefect: {'off' if no_prefect else 'on'}"
         )
-        _run(lambda: execute(cfg, use_prefect=not no_prefect))
+        _run(lambda: execute(cfg, use_prefect=not no_prefect, display=LiveProgress()))
     console.print(f"demo finished in {time.monotonic() - started:.1f} s")
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows.errors import TransientRequestError
+from flows.client.errors import TransientRequestError
 
 Message = dict[str, Any]
 

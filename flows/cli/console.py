@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flows.session import RunSession
-from flows.status import RunStatus
+from flows.report.status import RunStatus
+from flows.run.session import RunSession
 
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs and pipes
 
@@ -24,9 +24,10 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 class LiveProgress:
-    """A rich progress bar fed by the session's reporter hook (no per-request work)."""
+    """The run's live line (a rich progress bar fed by the session's reporter hook, no per-request work)
+    and its closing summary: the terminal ``RunDisplay``."""
 
-    def __init__(self, total: int | None) -> None:
+    def __init__(self) -> None:
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -36,24 +37,27 @@ class LiveProgress:
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task("prompts", total=total, detail="starting")
+        self.task = self.progress.add_task("prompts", total=None, detail="starting")
 
-    def __enter__(self) -> LiveProgress:
+    def start(self, expected: int | None) -> None:
+        self.progress.update(self.task, total=expected)
         self.progress.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self.progress.stop()
 
     def update(self, session: RunSession) -> None:
         snap = session.snapshot()
-        already = sum(run.counts.already_done for run in session.categories.values())
+        already = sum(run.counts.already_done for run in session.categories.runs.values())
         rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
         detail = (
             f"{snap['rows']} rows · {snap['rejects']} rejects · {snap['in_flight']} in flight · "
             f"{rate:,.0f} tok/s"
         )
         self.progress.update(self.task, completed=already + snap["rows"] + snap["rejects"], detail=detail)
+
+    def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
+        print_summary(summary, status)
 
 
 def status_table(status: RunStatus) -> Table:

@@ -25,9 +25,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from flows.config import CategoryConfig, ConfigError, load_config
-from flows.prompt_stream import Rows, StreamCounts, category_items, source_rows
-from flows.regen import first_turn
-from flows.store import CategoryState
+from flows.run.prompt_stream import Rows, StreamCounts, category_items, source_rows
+from flows.run.regen import first_turn
+from flows.store.run_store import CategoryState
 from prompts.categories import category_file, known_categories, load_category
 from prompts.dedup import DedupIndex
 from prompts.records import Message, PromptRecord

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
 
+from flows.client.responses import Generation, Usage
+from flows.client.sampling import SamplingParams
 from flows.config import RegenMode as Mode
-from flows.responses import Generation, Usage
-from flows.sampling import SamplingParams
 from prompts.records import Message, PromptRecord, ToolSchema
 
 MODES: tuple[str, ...] = get_args(Mode)

@@ -16,9 +16,9 @@ from itertools import islice
 from typing import Any
 
 from flows.config import CategoryConfig
-from flows.regen import first_turn
-from flows.rows import raw_row_id, reject_row
-from flows.store import CategoryState
+from flows.run.regen import first_turn
+from flows.run.rows import raw_row_id, reject_row
+from flows.store.run_store import CategoryState
 from prompts.dedup import DedupIndex, prompt_key, sample_score
 from prompts.errors import ConversionError
 from prompts.filters import row_filter

@@ -15,9 +15,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from flows.cli.console import console, fail
 from flows.config import ConfigError
-from flows.console import console, fail
-from flows.preview import (
+from flows.report.preview import (
     Example,
     LengthStats,
     Preview,

@@ -46,8 +46,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import Dataset, load_from_disk
 
-from flows.schema import ROW_FEATURES
-from flows.store import TMP_PREFIX, RunStore, atomic_file, fsync_dir, shard_files
+from flows.store.run_store import TMP_PREFIX, RunStore, atomic_file, fsync_dir, shard_files
+from flows.store.schema import ROW_FEATURES
 
 EXPORTS_DIR = "exports"
 BATCH_ROWS = 1024

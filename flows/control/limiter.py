@@ -1,8 +1,7 @@
-"""How many requests may be in flight: the law (``Limit``) apart from who enforces it (``Limiter``).
+"""The gate that enforces the limits: one lane per endpoint, requests admitted to the lane with room.
 
-Following Netflix's concurrency-limits: a ``Limit`` turns samples into a number and is pure, so it can
-be replayed on a recorded timeline; the ``Limiter`` is the asyncio gate that holds requests back.
-The fixed limit lives here; the adaptive, KV-aware law implements the same ``Limit`` protocol.
+Following Netflix's concurrency-limits, the law (a ``Limit``, see ``limit.py``) is apart from who
+enforces it (this ``Limiter``): the limiter only reads each lane's number at every admission.
 """
 
 from __future__ import annotations
@@ -10,29 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
+
+from flows.control.limit import Limit
 
 T = TypeVar("T")
-
-
-class Limit(Protocol):
-    """A control law: the number of requests allowed in flight right now."""
-
-    @property
-    def limit(self) -> int: ...
-
-
-class FixedLimit:
-    """A constant limit: what every other tool in the field does, and the baseline to beat."""
-
-    def __init__(self, limit: int) -> None:
-        if limit <= 0:
-            raise ValueError("limit must be positive")
-        self._limit = limit
-
-    @property
-    def limit(self) -> int:
-        return self._limit
 
 
 class Lane(Generic[T]):

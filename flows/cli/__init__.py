@@ -1,0 +1,1 @@
+"""The command line: every `datagen` command, each a few lines that call the library."""

@@ -1,0 +1,1 @@
+"""Talking to one endpoint: requests and retries, responses, error classes, sampling, health."""

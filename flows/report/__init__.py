@@ -1,0 +1,1 @@
+"""What a run has done, read back from its files: status, the end-of-run report, exports, prompt previews."""

@@ -1,0 +1,124 @@
+"""The run's servers: launched by the run or given in the config, each with its client and guard.
+
+Opening the pool is where a run first touches the network: it starts ``[server]`` when asked, builds
+one client per endpoint, checks that every endpoint serves the same model, and closes what it opened
+(clients, and the server it launched, never one it did not) on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+
+from flows.client.endpoint import EndpointClient, RetryPolicy
+from flows.client.guard import Endpoint, EndpointGuard
+from flows.config import RunConfig
+from sglang_launch.engine import Engine, LaunchedEngine
+from sglang_launch.server_config import SERVER_LOGS, ServerConfig
+
+log = logging.getLogger(__name__)
+
+PROBE_S = 5.0
+"""How often an endpoint that was given up on is checked again."""
+
+
+class ConfigProblem(RuntimeError):
+    """The run cannot start as configured (no model served, unreadable key): say so, spend nothing."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One server to send to, before a client exists for it."""
+
+    url: str
+    model: str | None
+    api_key_env: str | None
+    stream: bool
+    engine: Engine | None
+
+
+def _api_key(env_name: str | None) -> str | None:
+    if env_name is None:
+        return None
+    key = os.environ.get(env_name)
+    if not key:
+        raise ConfigProblem(f"api_key_env names {env_name}, but that environment variable is empty or unset")
+    return key
+
+
+class EndpointPool:
+    """Every endpoint of a run; ``open`` connects, ``aclose`` releases. ``model`` is what they serve."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.endpoints: list[Endpoint] = []
+        self.engine: LaunchedEngine | None = None
+        self.model = ""
+
+    async def open(self) -> None:
+        """Launch ``[server]`` if asked, build a client and a guard per endpoint, resolve the model."""
+        try:
+            retry = self.config.retry
+            policy = RetryPolicy(
+                max_attempts=retry.max_attempts,
+                initial_wait_s=retry.initial_wait_s,
+                max_wait_s=retry.max_wait_s,
+                max_total_s=retry.max_total_s,
+            )
+            for target in await self._targets():
+                client = EndpointClient(
+                    target.url,
+                    target.model,
+                    _api_key(target.api_key_env),
+                    stream=target.stream,
+                    read_timeout_s=retry.read_timeout_s,
+                    retry=policy,
+                )
+                guard = EndpointGuard(target.url, target.engine, patience_s=retry.outage_patience_s)
+                self.endpoints.append(Endpoint(client, guard))
+            self.model = await self._resolve_model()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _targets(self) -> list[Target]:
+        """The servers to use, in config order; launches ``[server]`` first."""
+        targets: list[Target] = []
+        server = self.config.server
+        if server is not None and server.launch:
+            if server.log_dir == ServerConfig.model_fields["log_dir"].default:
+                server = server.model_copy(update={"log_dir": self.config.run_dir / SERVER_LOGS})
+            self.engine = LaunchedEngine(server)
+            await asyncio.to_thread(self.engine.ensure_running)
+            targets.append(
+                Target(self.engine.url, server.served_model_name, server.api_key_env, True, self.engine)
+            )
+        for endpoint in self.config.endpoints:
+            targets.append(Target(endpoint.url, endpoint.model, endpoint.api_key_env, endpoint.stream, None))
+        return targets
+
+    async def _resolve_model(self) -> str:
+        models = [e.client.model or await e.client.detect_model() for e in self.endpoints]
+        if len(set(models)) > 1:
+            raise ConfigProblem(f"the endpoints serve different models: {sorted(set(models))}")
+        return models[0]
+
+    async def probe_loop(self) -> None:
+        """Put endpoints that were given up on back in service when they answer again."""
+        while True:
+            await asyncio.sleep(PROBE_S)
+            for endpoint in self.endpoints:
+                await endpoint.guard.probe()
+
+    @property
+    def restarts(self) -> int:
+        return sum(e.guard.restarts for e in self.endpoints)
+
+    async def aclose(self) -> None:
+        """Close the clients, then stop the server this run launched (never one it did not)."""
+        for endpoint in self.endpoints:
+            await endpoint.client.aclose()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)

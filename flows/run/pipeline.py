@@ -1,0 +1,111 @@
+"""The pipeline: categories run side by side, each cut into shards, each shard pumped under the limiter.
+
+The same ``Pipeline`` drives the Prefect flow (a flow run per pipeline run, a subflow per category, a
+task per shard) and the Prefect-free path; only the runners differ. A shard's prompts are parked here
+between being read and being pumped, so an orchestrator only ever passes (category, index) around.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from flows.run.prompt_stream import Reject, category_items, take
+from flows.run.pump import RunAborted, pump_shard
+from flows.run.session import RunSession
+from prompts.records import PromptRecord
+
+ShardRunner = Callable[[str, int], Coroutine[Any, Any, None]]
+"""(category, shard index) -> shard done. Prefect's task or ``Pipeline.run_shard`` itself."""
+
+CategoryRunner = Callable[[str], Awaitable[None]]
+"""category -> category done. Prefect's subflow or a plain call of ``Pipeline.run_category``."""
+
+
+class SourceError(RuntimeError):
+    """A category's prompt source could not be read (missing file, Hub unreachable, corrupt file)."""
+
+
+class Pipeline:
+    """Runs a session's categories; ``run_plain`` is the whole pipeline without an orchestrator."""
+
+    def __init__(self, session: RunSession) -> None:
+        self.session = session
+        self._shards: dict[tuple[str, int], list[PromptRecord | Reject]] = {}
+
+    async def run_shard(self, category: str, index: int) -> None:
+        """Pump one shard; its items were parked by ``run_category``."""
+        items = self._shards.pop((category, index))
+        run = self.session.categories.get(category)
+        await pump_shard(
+            items,
+            limiter=self.session.limiter,
+            category=run.config,
+            sampling=run.sampling,
+            sink=run.sink,
+            patience=self.session.patience,
+        )
+
+    def shard_window(self) -> int:
+        """Shards in flight per category: enough queued prompts to fill the limit across a shard boundary."""
+        config = self.session.config
+        limit = config.concurrency.limit * max(len(self.session.pool.endpoints), 1)
+        size = config.store.shard_prompts
+        return max(2, -(-limit // size) + 1)
+
+    async def run_category(self, category: str, shard_runner: ShardRunner) -> None:
+        """Stream the category's prompts into shards and run a few shards at once."""
+        categories = self.session.categories
+        run = categories.get(category)
+        items = category_items(run.config, categories.states[category], run.counts, dedup=categories.dedup)
+        size = self.session.config.store.shard_prompts
+        window = self.shard_window()
+        active: set[asyncio.Task[None]] = set()
+        index = 0
+        unreadable: SourceError | None = None
+        try:
+            while True:
+                try:
+                    shard = await asyncio.to_thread(take, items, size)
+                except Exception as error:  # the shards already running still finish and are saved
+                    unreadable = SourceError(f"category {category}: cannot read {run.config.source}: {error}")
+                    break
+                if not shard:
+                    break
+                self._shards[(category, index)] = shard
+                task = asyncio.create_task(shard_runner(category, index))
+                active.add(task)
+                index += 1
+                if len(active) >= window:
+                    done, _ = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                    for finished in done:
+                        active.discard(finished)
+                        finished.result()
+            if active:
+                await asyncio.gather(*active)
+        finally:
+            for task in active:
+                task.cancel()
+            if active:
+                await asyncio.gather(*active, return_exceptions=True)
+        if unreadable is not None:
+            raise unreadable
+
+    async def run_categories(self, category_runner: CategoryRunner) -> None:
+        """All categories at once: they share the limiter, so the endpoint never idles between them."""
+        await asyncio.to_thread(self.session.categories.load_states)
+        results = await asyncio.gather(
+            *(category_runner(c.name) for c in self.session.config.categories), return_exceptions=True
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        aborted = [f for f in failures if isinstance(f, RunAborted)]
+        others = [f for f in failures if not isinstance(f, SourceError | RunAborted)]
+        if aborted or others:
+            raise (aborted or others)[0]
+        if failures:  # only unreadable sources: the other categories ran to the end
+            raise SourceError("; ".join(str(f) for f in failures))
+
+    async def run_plain(self) -> None:
+        """The pipeline without Prefect: same code path, no orchestrator (tests, `--no-prefect`)."""
+        await self.run_categories(lambda name: self.run_category(name, self.run_shard))

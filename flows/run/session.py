@@ -1,0 +1,119 @@
+"""What one pipeline run shares across categories and shards, and the order things open and close in.
+
+A small coordinator: the endpoints (``EndpointPool``), the store, the categories, the limiter and
+the background loops (flushing shards, probing lost endpoints, progress reports) each live in their
+own module; the session opens them in order, runs their loops, and closes them so that every
+finished row is on disk before the server is stopped. Plain async code: the Prefect flow and the
+Prefect-free path both drive the same session, so everything that matters for correctness is
+tested without an orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Self
+
+from flows.client.guard import Endpoint
+from flows.config import RunConfig, fingerprint
+from flows.control.limiter import Limiter
+from flows.control.wiring import build_limiter
+from flows.run.categories import Categories
+from flows.run.endpoints import EndpointPool
+from flows.run.pump import Patience
+from flows.store.flusher import Flusher
+from flows.store.run_store import RunStore
+
+log = logging.getLogger(__name__)
+
+Reporter = Callable[["RunSession"], Awaitable[None] | None]
+
+
+class RunSession:
+    """Use with ``async with``: opens the store (fingerprint checked); flushes every row at exit."""
+
+    def __init__(self, config: RunConfig, *, force: bool = False, report_every_s: float = 2.0) -> None:
+        self.config = config
+        self.force = force
+        self.store = RunStore(config.run_dir)
+        self.pool = EndpointPool(config)
+        self.categories = Categories(config, self.store)
+        self.started = time.monotonic()
+        self.reporters: list[Reporter] = []
+        self.resumed = False
+        self.fingerprint = ""
+        self.patience = Patience(
+            outage_s=config.retry.outage_patience_s, failover_s=config.retry.failover_after_s
+        )
+        self._limiter: Limiter[Endpoint] | None = None
+        self._flusher = Flusher(self.categories.writers)
+        self._report_every_s = report_every_s
+        self._background: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Self:
+        await self.pool.open()
+        try:
+            self.fingerprint = fingerprint(self.config, self.pool.model)
+            self.resumed = await asyncio.to_thread(
+                self.store.open_run, self.fingerprint, self.config.model_dump(mode="json"), force=self.force
+            )
+        except BaseException:
+            await self.pool.aclose()
+            raise
+        self._limiter = build_limiter(self.pool.endpoints, self.config.concurrency)
+        for loop in (self._flusher.loop(), self.pool.probe_loop(), self._report_loop()):
+            self._background.append(asyncio.create_task(loop))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._flusher.drain()
+        await self.report()
+        await self.pool.aclose()
+
+    @property
+    def limiter(self) -> Limiter[Endpoint]:
+        if self._limiter is None:
+            raise RuntimeError("the session is not open: use `async with RunSession(...)`")
+        return self._limiter
+
+    @property
+    def model(self) -> str:
+        return self.pool.model
+
+    async def report(self) -> None:
+        for reporter in self.reporters:
+            try:
+                result = reporter(self)
+                if result is not None:
+                    await result
+            except Exception:  # a broken progress display must never stop the data
+                log.warning("progress reporter failed", exc_info=True)
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._report_every_s)
+            await self.report()
+
+    def elapsed_s(self) -> float:
+        """Seconds since the first prompt was read (orchestrator start-up is not generation time)."""
+        return time.monotonic() - (self.categories.loaded_at or self.started)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Numbers for progress displays and artifacts."""
+        tallies = self.categories.tallies().values()
+        return {
+            "rows": sum(t.rows for t in tallies),
+            "rejects": sum(t.rejects for t in tallies),
+            "queued": sum(t.queued for t in tallies),
+            "completion_tokens": sum(t.completion_tokens for t in tallies),
+            "in_flight": self._limiter.in_flight if self._limiter else 0,
+            "elapsed_s": self.elapsed_s(),
+        }
