@@ -13,23 +13,10 @@ import logging
 import threading
 from typing import Protocol
 
-import httpx
-
-from sglang_launch.launcher import (
-    LaunchAttempt,
-    ServerHandle,
-    launch_with_ladder,
-    read_api_key,
-    server_kv_capacity,
-    server_url,
-)
+from sglang_launch.launcher import LaunchAttempt, ServerHandle, launch_with_ladder
 from sglang_launch.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
-
-
-class EngineUnavailable(RuntimeError):
-    """The server is down and this engine cannot bring it back (nobody here started it)."""
 
 
 class Engine(Protocol):
@@ -99,43 +86,3 @@ class LaunchedEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class ExternalEngine:
-    """A server someone else runs (`launch = false`): checked, never started or stopped."""
-
-    def __init__(self, url: str, api_key: str | None = None):
-        self._url = url.rstrip("/")
-        self._api_key = api_key
-        self._kv: int | None = None
-
-    @property
-    def url(self) -> str:
-        return self._url
-
-    @property
-    def max_total_num_tokens(self) -> int | None:
-        return self._kv
-
-    def ensure_running(self) -> list[LaunchAttempt]:
-        try:
-            status = httpx.get(f"{self._url}/health", timeout=10.0).status_code
-        except httpx.HTTPError as exc:
-            raise EngineUnavailable(f"{self._url} is not reachable: {exc}") from exc
-        if status != 200:
-            raise EngineUnavailable(f"{self._url}/health answered {status}")
-        if self._kv is None:
-            self._kv = server_kv_capacity(self._url, self._api_key)
-        return []
-
-    def stop(self) -> None:
-        """Nothing to do: the server belongs to someone else."""
-
-
-def engine_from_config(cfg: ServerConfig) -> Engine:
-    """The engine `[server]` describes: launched by this run, or an existing server at host:port."""
-    if cfg.launch:
-        return LaunchedEngine(cfg)
-    if cfg.port is None:
-        raise ValueError("[server] port is required to reach a server this run does not launch")
-    return ExternalEngine(server_url(cfg.host, cfg.port), api_key=read_api_key(cfg))

@@ -24,17 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Literal
-
-import httpx
+from typing import IO
 
 from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, shown_env
 from sglang_launch.logparse import StartupFailure, parse_log
+from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
 from sglang_launch.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["ready", "failed", "timeout"]
 
 _SHM_DIR = Path("/dev/shm")
 _LEFTOVER_GLOBS = (
@@ -301,35 +299,9 @@ def server_url(host: str, port: int) -> str:
     return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
 
 
-def _auth_headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def _wait_healthy(process: ServerProcess, url: str, timeout_s: float, poll_s: float) -> Outcome:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=max(poll_s, 2.0)) as client:
-        while process.alive():
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get(f"{url}/health").status_code == 200:
-                    return "ready"
-            if time.monotonic() > deadline:
-                return "timeout"
-            time.sleep(poll_s)
-    return "failed"
-
-
-def server_kv_capacity(url: str, api_key: str | None) -> int | None:
-    """`max_total_num_tokens` (KV pool size in tokens) from /get_server_info; None if not served."""
-    with contextlib.suppress(httpx.HTTPError, ValueError):
-        info = httpx.get(f"{url}/get_server_info", headers=_auth_headers(api_key), timeout=10.0).json()
-        if isinstance(info, dict) and isinstance(info.get("max_total_num_tokens"), int):
-            return int(info["max_total_num_tokens"])
-    return None
-
-
 def _kv_capacity(url: str, log_path: Path, api_key: str | None) -> int | None:
     """From the server, else from SGLang's startup log line `max_total_num_tokens=N, ...`."""
-    served = server_kv_capacity(url, api_key)
+    served = kv_capacity(server_info(url, api_key))
     if served is not None:
         return served
     ranks = parse_log(log_path.read_text(errors="replace")).startup
@@ -366,7 +338,7 @@ def _attempt(
         argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg), api_key
     )
     try:
-        outcome = _wait_healthy(process, url, cfg.startup_timeout_s, cfg.health_poll_s)
+        outcome = wait_healthy(url, process.alive, timeout_s=cfg.startup_timeout_s, poll_s=cfg.health_poll_s)
         kv = _kv_capacity(url, log_path, api_key) if outcome == "ready" else None
     except BaseException:  # Ctrl-C / SIGTERM while starting: never leave the server behind
         process.stop(cfg.stop_grace_s)

@@ -15,10 +15,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import httpx
-
 from flows.client.endpoint import EndpointClient
 from sglang_launch.engine import Engine
+from sglang_launch.probe import is_healthy
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +58,7 @@ class EndpointGuard:
         return self.up
 
     async def healthy(self) -> bool:
-        try:
-            async with httpx.AsyncClient(timeout=5.0) as client:
-                return (await client.get(f"{self.url}/health")).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return await asyncio.to_thread(is_healthy, self.url)
 
     async def recover(self, patience_s: float | None = None) -> bool:
         """True once the endpoint serves again; False after ``patience_s`` (default: the guard's)."""

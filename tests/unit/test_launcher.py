@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from flows.cli.launch import app
 from sglang_launch import launcher
-from sglang_launch.engine import EngineUnavailable, ExternalEngine, LaunchedEngine, engine_from_config
+from sglang_launch.engine import LaunchedEngine
 from sglang_launch.launcher import (
     StartupFailed,
     launch_with_ladder,
@@ -30,6 +30,7 @@ from sglang_launch.launcher import (
     retry_direction,
     server_url,
 )
+from sglang_launch.probe import is_healthy, kv_capacity, server_info
 from sglang_launch.server_config import ServerConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -319,9 +320,7 @@ def test_engine_restarts_a_dead_server_on_the_same_port(fake_cfg: ServerConfig) 
     cfg = with_env(fake_cfg, FAKE_OOM_ABOVE="0.86").model_copy(
         update={"launch": True, "mem_fraction_static": 0.9}
     )
-    engine = engine_from_config(cfg)
-    assert isinstance(engine, LaunchedEngine)
-    with engine:
+    with LaunchedEngine(cfg) as engine:
         first = engine.ensure_running()
         assert [a.fraction for a in first] == [0.9, 0.88, 0.85]
         url, handle = engine.url, engine.handle
@@ -339,16 +338,13 @@ def test_engine_restarts_a_dead_server_on_the_same_port(fake_cfg: ServerConfig) 
     assert not handle.alive()
 
 
-def test_external_engine_checks_but_never_starts(fake_cfg: ServerConfig) -> None:
+def test_probe_reads_health_and_kv_capacity_of_a_running_server(fake_cfg: ServerConfig) -> None:
     with launch_with_ladder(with_env(fake_cfg, FAKE_KV="2048"))[0] as handle:
-        engine = engine_from_config(ServerConfig(port=handle.port))
-        assert isinstance(engine, ExternalEngine)
-        assert engine.ensure_running() == []
-        assert engine.max_total_num_tokens == 2048
-        engine.stop()
-        assert handle.alive()
-    with pytest.raises(EngineUnavailable, match="not reachable"):
-        engine.ensure_running()
+        assert is_healthy(handle.url)
+        assert kv_capacity(server_info(handle.url, None)) == 2048
+    assert not is_healthy(handle.url)
+    assert server_info(handle.url, None) is None
+    assert kv_capacity(None) is None
 
 
 def test_cli_check_starts_reports_and_stops(fake_cfg: ServerConfig, tmp_path: Path) -> None:

@@ -1,0 +1,59 @@
+"""Asking a server how it is: the one health poller and the one server-info reader.
+
+The launcher waits on ``wait_healthy`` for a server it started; a run's endpoint guard asks
+``is_healthy`` when requests fail; the controller reads the KV capacity through ``server_info``.
+SGLang answers ``/health`` 503 while it starts; vLLM and the simulator answer it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import httpx
+
+Outcome = Literal["ready", "failed", "timeout"]
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def is_healthy(url: str, *, timeout_s: float = 5.0, client: httpx.Client | None = None) -> bool:
+    """``GET /health`` answered 200; any connection error or other status is "not healthy"."""
+    try:
+        if client is not None:
+            return client.get(f"{url}/health").status_code == 200
+        return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy(url: str, alive: Callable[[], bool], *, timeout_s: float, poll_s: float) -> Outcome:
+    """Poll ``/health`` until it answers 200 ("ready"), the process dies ("failed") or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=max(poll_s, 2.0)) as client:
+        while alive():
+            if is_healthy(url, client=client):
+                return "ready"
+            if time.monotonic() > deadline:
+                return "timeout"
+            time.sleep(poll_s)
+    return "failed"
+
+
+def server_info(url: str, api_key: str | None) -> dict[str, Any] | None:
+    """SGLang's ``/get_server_info`` (server args, ``max_total_num_tokens``...); None where not served."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        info = httpx.get(f"{url}/get_server_info", headers=auth_headers(api_key), timeout=10.0).json()
+        if isinstance(info, dict):
+            return info
+    return None
+
+
+def kv_capacity(info: dict[str, Any] | None) -> int | None:
+    """The KV pool size in tokens from a server-info document; None if it does not say."""
+    value = (info or {}).get("max_total_num_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
