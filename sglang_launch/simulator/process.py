@@ -26,6 +26,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from sglang_launch.probe import wait_healthy
 from sglang_launch.simulator.config import SimConfig
 from sglang_launch.simulator.engine import Engine
 from sglang_launch.simulator.server import SHUTDOWN_GRACE_S, create_app
@@ -106,16 +107,14 @@ class SimulatorProcess:
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Poll ``/health`` every 50 ms until 200; raise ``SimulatorError`` on exit or timeout."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=1.0) as client:
-            while time.monotonic() < deadline:
-                if self._proc is not None and self._proc.poll() is not None:
-                    raise SimulatorError(f"simulator exited with {self._proc.returncode}:\n{self.log_tail()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.url + "/health").status_code == 200:
-                        return
-                time.sleep(0.05)
-        raise SimulatorError(f"simulator not healthy after {timeout_s:.1f} s:\n{self.log_tail()}")
+        proc = self._proc
+        outcome = wait_healthy(
+            self.url, lambda: proc is None or proc.poll() is None, timeout_s=timeout_s, poll_s=0.05
+        )
+        if outcome == "failed" and proc is not None:
+            raise SimulatorError(f"simulator exited with {proc.returncode}:\n{self.log_tail()}")
+        if outcome == "timeout":
+            raise SimulatorError(f"simulator not healthy after {timeout_s:.1f} s:\n{self.log_tail()}")
 
     def log_tail(self, chars: int = 4000) -> str:
         """The end of the child's output, for error messages."""
