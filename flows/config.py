@@ -98,10 +98,36 @@ class EndpointConfig(_Strict):
 
 
 class ConcurrencyConfig(_Strict):
-    """How many requests may be in flight per endpoint. ``fixed`` for now; the adaptive law plugs in here."""
+    """How many requests may be in flight per endpoint: adaptive (the default) unless ``limit`` fixes it."""
 
-    mode: Literal["fixed"] = "fixed"
-    limit: int = Field(default=64, gt=0, le=100_000)
+    mode: Literal["adaptive", "fixed"] | None = Field(
+        default=None, description="Implied: fixed when `limit` is set, adaptive otherwise."
+    )
+    limit: int | None = Field(default=None, gt=0, le=100_000, description="A fixed number in flight.")
+    target_kv_usage: float = Field(default=0.90, gt=0.1, le=0.99)
+    initial_limit: int = Field(default=8, ge=1, le=100_000)
+    min_limit: int = Field(default=1, ge=1, le=100_000)
+    max_limit: int = Field(default=1024, ge=1, le=100_000)
+    poll_s: float = Field(default=1.0, ge=0.2, le=60.0, description="Seconds between load readings.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConcurrencyConfig:
+        if self.mode == "fixed" and self.limit is None:
+            raise ValueError('mode = "fixed" needs a `limit`')
+        if self.mode == "adaptive" and self.limit is not None:
+            raise ValueError('`limit` fixes the number in flight: drop it, or mode = "adaptive"')
+        if self.min_limit > self.max_limit:
+            raise ValueError("min_limit is larger than max_limit")
+        return self
+
+    @property
+    def adaptive(self) -> bool:
+        return self.limit is None
+
+    @property
+    def ceiling(self) -> int:
+        """The most requests one endpoint may ever have in flight."""
+        return self.limit if self.limit is not None else self.max_limit
 
 
 class RetryConfig(_Strict):

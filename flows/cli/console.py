@@ -50,14 +50,24 @@ class LiveProgress:
         snap = session.snapshot()
         already = sum(run.counts.already_done for run in session.categories.runs.values())
         rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
-        detail = (
-            f"{snap['rows']} rows · {snap['rejects']} rejects · {snap['in_flight']} in flight · "
-            f"{rate:,.0f} tok/s"
-        )
+        detail = f"{snap['rows']} rows · {snap['rejects']} rejects · {rate:,.0f} tok/s"
+        for endpoint in snap["endpoints"]:
+            detail += " · " + endpoint_line(endpoint, several=len(snap["endpoints"]) > 1)
         self.progress.update(self.task, completed=already + snap["rows"] + snap["rejects"], detail=detail)
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)
+
+
+def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:
+    """``in flight/limit``, KV usage and server queue of an endpoint (its URL only when there are several)."""
+    parts = [f"{endpoint['in_flight']}/{endpoint['limit']} in flight"]
+    if endpoint["kv_usage"] is not None:
+        parts.append(f"KV {endpoint['kv_usage']:.0%}")
+    if endpoint["queued"] is not None:
+        parts.append(f"queue {endpoint['queued']}")
+    line = ", ".join(parts)
+    return f"{endpoint['endpoint']}: {line}" if several else line
 
 
 def status_table(status: RunStatus) -> Table:

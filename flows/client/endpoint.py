@@ -125,6 +125,11 @@ class EndpointClient:
         return self._endpoint
 
     @property
+    def api_key(self) -> str | None:
+        """For the other readers of this server (load signals); never logged or written."""
+        return self._api_key
+
+    @property
     def model(self) -> str | None:
         """The served model name, once configured or detected."""
         return self._model

@@ -23,6 +23,9 @@ class Lane(Generic[T]):
         self.endpoint = endpoint
         self.limit = limit
         self.in_flight = 0
+        self.projected_tokens = 0.0
+        """Projected KV demand of this lane's requests in flight (what the token budget reads)."""
+        self.completed = 0
 
     @property
     def room(self) -> int:
@@ -57,7 +60,8 @@ class Limiter(Generic[T]):
         async with self._changed:
             self._changed.notify_all()
 
-    async def acquire(self) -> Lane[T]:
+    async def acquire(self, cost: float = 0.0) -> Lane[T]:
+        """A slot on the lane with the most room; ``cost`` is the request's projected KV demand."""
         async with self._changed:
             self.waiting += 1
             try:
@@ -67,11 +71,13 @@ class Limiter(Generic[T]):
             lane = self._best()
             assert lane is not None
             lane.in_flight += 1
+            lane.projected_tokens += cost
             return lane
 
-    async def release(self, lane: Lane[T]) -> None:
+    async def release(self, lane: Lane[T], cost: float = 0.0) -> None:
         async with self._changed:
             lane.in_flight -= 1
+            lane.projected_tokens = max(0.0, lane.projected_tokens - cost)
             self._changed.notify_all()
 
     @contextlib.asynccontextmanager

@@ -1,17 +1,103 @@
-"""One lane per endpoint, each under its law: the limiter a run uses, built from ``[concurrency]``."""
+"""One lane per endpoint, each under its law: the limiter and controllers a run uses, from ``[concurrency]``.
+
+Fixed: every lane's limit is the configured number. Adaptive: every lane gets its own ``AdaptiveLimit``
+and an ``EndpointController`` that feeds it; the categories' demand model is shared.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
 from flows.client.guard import Endpoint
 from flows.config import ConcurrencyConfig
-from flows.control.limit import FixedLimit, GuardedLimit
+from flows.control.adaptive import AdaptiveLimit, LawSettings
+from flows.control.controller import EndpointController
+from flows.control.demand import CategoryDemand, DemandModel
+from flows.control.limit import FixedLimit, GuardedLimit, Limit
 from flows.control.limiter import Lane, Limiter
+from flows.control.timeline import Timeline
+
+TIMELINE_WRITE_S = 30.0
 
 
-def build_limiter(endpoints: list[Endpoint], concurrency: ConcurrencyConfig) -> Limiter[Endpoint]:
-    """Lanes whose limit drops to 0 while their endpoint is down; a lane coming back wakes the waiters."""
-    lanes = [Lane(e, GuardedLimit(FixedLimit(concurrency.limit), e.guard.is_up)) for e in endpoints]
-    limiter = Limiter(lanes)
-    for endpoint in endpoints:
-        endpoint.guard.on_up = limiter.notify
-    return limiter
+def law_settings(concurrency: ConcurrencyConfig) -> LawSettings:
+    return LawSettings(
+        target_kv=concurrency.target_kv_usage,
+        min_limit=concurrency.min_limit,
+        max_limit=concurrency.max_limit,
+        initial_limit=min(max(concurrency.initial_limit, concurrency.min_limit), concurrency.max_limit),
+    )
+
+
+class Control:
+    """The limiter, and for an adaptive run the controllers and timeline; ``run`` is their loop."""
+
+    def __init__(self, endpoints: list[Endpoint], concurrency: ConcurrencyConfig, run_dir: Path) -> None:
+        self.concurrency = concurrency
+        self.demand = DemandModel() if concurrency.adaptive else None
+        self.timeline = Timeline(run_dir)
+        laws: list[Limit] = [self._law(concurrency) for _ in endpoints]
+        # lanes close while their endpoint is down; one coming back wakes the waiters
+        self.limiter = Limiter(
+            [Lane(e, GuardedLimit(law, e.guard.is_up)) for e, law in zip(endpoints, laws, strict=True)]
+        )
+        for endpoint in endpoints:
+            endpoint.guard.on_up = self.limiter.notify
+        self.controllers = [
+            EndpointController(lane, law, self.limiter, self.timeline, poll_s=concurrency.poll_s)
+            for lane, law in zip(self.limiter.lanes, laws, strict=True)
+            if isinstance(law, AdaptiveLimit)
+        ]
+
+    @staticmethod
+    def _law(concurrency: ConcurrencyConfig) -> Limit:
+        if concurrency.adaptive:
+            return AdaptiveLimit(law_settings(concurrency))
+        return FixedLimit(concurrency.ceiling)
+
+    def demand_for(self, category: str, max_tokens: int) -> CategoryDemand | None:
+        return self.demand.category(category, max_tokens) if self.demand is not None else None
+
+    async def run(self) -> None:
+        """The controllers' loops, and the timeline written every half minute."""
+        if not self.controllers:
+            return
+        tasks = [asyncio.create_task(c.run()) for c in self.controllers]
+        try:
+            while True:
+                await asyncio.sleep(TIMELINE_WRITE_S)
+                await asyncio.to_thread(self.timeline.write)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def aclose(self) -> None:
+        """Write the timeline's last rows; close the signal readers."""
+        await asyncio.to_thread(self.timeline.write)
+        for controller in self.controllers:
+            await controller.aclose()
+
+    def endpoints_view(self) -> list[dict[str, Any]]:
+        """Per endpoint, for the live line and the Prefect artifact: limit, in flight, KV usage, queue."""
+        view = []
+        controllers = {id(c.lane): c for c in self.controllers}
+        for lane in self.limiter.lanes:
+            controller = controllers.get(id(lane))
+            sample = controller.last_sample if controller else None
+            view.append(
+                {
+                    "endpoint": lane.endpoint.client.endpoint,
+                    "limit": lane.limit.limit,
+                    "in_flight": lane.in_flight,
+                    "kv_usage": sample.kv_usage if sample else None,
+                    "queued": sample.queued if sample else None,
+                    "reason": controller.last.reason if controller and controller.last else None,
+                }
+            )
+        return view

@@ -45,12 +45,13 @@ class Pipeline:
             sampling=run.sampling,
             sink=run.sink,
             patience=self.session.patience,
+            demand=self.session.control.demand_for(category, run.sampling.max_tokens),
         )
 
     def shard_window(self) -> int:
         """Shards in flight per category: enough queued prompts to fill the limit across a shard boundary."""
         config = self.session.config
-        limit = config.concurrency.limit * max(len(self.session.pool.endpoints), 1)
+        limit = config.concurrency.ceiling * max(len(self.session.pool.endpoints), 1)
         size = config.store.shard_prompts
         return max(2, -(-limit // size) + 1)
 

@@ -8,6 +8,7 @@ thousands of coroutines woken on every completion.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from flows.client.errors import FatalEndpointError, PermanentRequestError, Reque
 from flows.client.guard import Endpoint
 from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
+from flows.control.demand import CategoryDemand
 from flows.control.limiter import Lane, Limiter
 from flows.run.prompt_stream import Reject, dedup_key
 from flows.run.quality import TRUNCATED
@@ -77,6 +79,33 @@ class Patience:
 Held = dict["asyncio.Task[None]", Lane[Endpoint]]
 
 
+@dataclass(frozen=True)
+class Demand:
+    """One prompt's projected KV demand (what its slot costs the token budget), and where to learn from
+    its answer. Without a model (a fixed limit) it costs nothing and learns nothing."""
+
+    model: CategoryDemand | None
+    prompt_chars: int
+    cost: float
+
+    @classmethod
+    def of(cls, model: CategoryDemand | None, record: PromptRecord) -> Demand:
+        if model is None:
+            return cls(None, 0, 0.0)
+        chars = prompt_chars(record)
+        return cls(model, chars, model.projected(chars))
+
+    def learn(self, prompt_tokens: int, completion_tokens: int) -> None:
+        if self.model is not None:
+            self.model.learn(self.prompt_chars, prompt_tokens, completion_tokens)
+
+
+def prompt_chars(record: PromptRecord) -> int:
+    """Characters the server will tokenize for the first request: message texts and tool schemas."""
+    chars = sum(len(m.get("content") or "") for m in record.messages if isinstance(m.get("content"), str))
+    return chars + (len(json.dumps(record.tools)) if record.tools else 0)
+
+
 async def _ask(
     record: PromptRecord,
     held: Held,
@@ -85,6 +114,7 @@ async def _ask(
     sampling: SamplingParams,
     sink: CategorySink,
     patience: Patience,
+    demand: Demand,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
 
@@ -119,13 +149,16 @@ async def _ask(
                     raise FatalEndpointError(
                         f"no endpoint has answered for {patience.outage_s:.0f} s"
                     ) from error
-                await limiter.release(held.pop(task))  # move the prompt to an endpoint that answers
-                held[task] = await limiter.acquire()
+                # move the prompt to an endpoint that answers
+                await limiter.release(held.pop(task), demand.cost)
+                held[task] = await limiter.acquire(demand.cost)
             sink.tally.recovered += 1
     row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
     sink.rows.add(row)
     tally = sink.tally
     usage = regenerated.usage
+    held[task].completed += 1
+    demand.learn(usage.prompt_tokens, usage.completion_tokens)
     tally.rows += 1
     tally.truncated += TRUNCATED in row["flags"]
     tally.prompt_tokens += usage.prompt_tokens
@@ -169,6 +202,7 @@ async def pump_shard(
     sampling: SamplingParams,
     sink: CategorySink,
     patience: Patience = Patience(),
+    demand: CategoryDemand | None = None,
 ) -> None:
     """Send every record of the shard, write every conversion reject; return when all are settled.
 
@@ -177,21 +211,23 @@ async def pump_shard(
     """
     pending: set[asyncio.Task[None]] = set()
     held: Held = {}
+    costs: dict[asyncio.Task[None], float] = {}
     fatal: list[FatalEndpointError] = []
     stop = asyncio.Event()
 
-    async def run(record: PromptRecord) -> None:
+    async def run(record: PromptRecord, need: Demand) -> None:
         task = asyncio.current_task()
         assert task is not None
         try:
-            await _ask(record, held, limiter, category, sampling, sink, patience)
+            await _ask(record, held, limiter, category, sampling, sink, patience, need)
         except FatalEndpointError as error:
             fatal.append(error)
             stop.set()
         finally:
             lane = held.pop(task, None)
+            costs.pop(task, None)
             if lane is not None:
-                await limiter.release(lane)
+                await limiter.release(lane, need.cost)
 
     async def dispatch() -> None:
         for item in items:
@@ -202,9 +238,11 @@ async def pump_shard(
                 sink.tally.count_reject(item.row["reason"])
                 continue
             sink.tally.queued += 1
-            lane = await limiter.acquire()
-            task = asyncio.create_task(run(item))
+            need = Demand.of(demand, item)
+            lane = await limiter.acquire(need.cost)
+            task = asyncio.create_task(run(item, need))
             held[task] = lane  # before the task first runs: create_task only schedules it
+            costs[task] = need.cost
             pending.add(task)
             task.add_done_callback(pending.discard)
 
@@ -221,6 +259,6 @@ async def pump_shard(
             task.cancel()
         await asyncio.gather(dispatcher, stopped, *pending, return_exceptions=True)
         for task in list(held):  # cancelled before they ran: their slots are still taken
-            await limiter.release(held.pop(task))
+            await limiter.release(held.pop(task), costs.pop(task, 0.0))
     if fatal:
         raise RunAborted(fatal[0].reason) from fatal[0]

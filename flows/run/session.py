@@ -20,7 +20,7 @@ from typing import Any, Self
 from flows.client.guard import Endpoint
 from flows.config import RunConfig, fingerprint
 from flows.control.limiter import Limiter
-from flows.control.wiring import build_limiter
+from flows.control.wiring import Control
 from flows.run.categories import Categories
 from flows.run.endpoints import EndpointPool
 from flows.run.pump import Patience
@@ -48,7 +48,7 @@ class RunSession:
         self.patience = Patience(
             outage_s=config.retry.outage_patience_s, failover_s=config.retry.failover_after_s
         )
-        self._limiter: Limiter[Endpoint] | None = None
+        self._control: Control | None = None
         self._flusher = Flusher(self.categories.writers)
         self._report_every_s = report_every_s
         self._background: list[asyncio.Task[None]] = []
@@ -63,8 +63,9 @@ class RunSession:
         except BaseException:
             await self.pool.aclose()
             raise
-        self._limiter = build_limiter(self.pool.endpoints, self.config.concurrency)
-        for loop in (self._flusher.loop(), self.pool.probe_loop(), self._report_loop()):
+        self._control = Control(self.pool.endpoints, self.config.concurrency, self.config.run_dir)
+        loops = (self._flusher.loop(), self.pool.probe_loop(), self._report_loop(), self._control.run())
+        for loop in loops:
             self._background.append(asyncio.create_task(loop))
         return self
 
@@ -76,13 +77,19 @@ class RunSession:
                 await task
         await self._flusher.drain()
         await self.report()
+        if self._control is not None:
+            await self._control.aclose()
         await self.pool.aclose()
 
     @property
-    def limiter(self) -> Limiter[Endpoint]:
-        if self._limiter is None:
+    def control(self) -> Control:
+        if self._control is None:
             raise RuntimeError("the session is not open: use `async with RunSession(...)`")
-        return self._limiter
+        return self._control
+
+    @property
+    def limiter(self) -> Limiter[Endpoint]:
+        return self.control.limiter
 
     @property
     def model(self) -> str:
@@ -114,6 +121,7 @@ class RunSession:
             "rejects": sum(t.rejects for t in tallies),
             "queued": sum(t.queued for t in tallies),
             "completion_tokens": sum(t.completion_tokens for t in tallies),
-            "in_flight": self._limiter.in_flight if self._limiter else 0,
+            "in_flight": self._control.limiter.in_flight if self._control else 0,
             "elapsed_s": self.elapsed_s(),
+            "endpoints": self._control.endpoints_view() if self._control else [],
         }

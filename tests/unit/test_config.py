@@ -22,7 +22,7 @@ def _with(**changes: object) -> dict:
 def test_minimal_config_gets_defaults_and_normalised_url() -> None:
     cfg = parse_config(_with())
     assert cfg.endpoints[0].url == "http://127.0.0.1:30000"
-    assert cfg.concurrency.limit == 64
+    assert cfg.concurrency.adaptive and cfg.concurrency.limit is None  # no [concurrency]: adaptive
     assert cfg.run_dir == Path("output/r1")
     gen = cfg.generation_for(cfg.categories[0])
     assert (gen.max_tokens, gen.temperature, gen.top_p) == (2048, 0.7, 1.0)
@@ -113,3 +113,18 @@ def test_bad_toml_is_reported_with_the_path(tmp_path: Path) -> None:
     path.write_text("[run\nname=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(path)
+
+
+def test_concurrency_limit_means_fixed_and_contradictions_are_config_errors() -> None:
+    fixed = parse_config(_with(concurrency={"limit": 32})).concurrency
+    assert not fixed.adaptive and fixed.ceiling == 32
+    adaptive = parse_config(_with(concurrency={"max_limit": 300})).concurrency
+    assert adaptive.adaptive and adaptive.ceiling == 300
+    for bad, words in [
+        ({"mode": "fixed"}, "needs a `limit`"),
+        ({"mode": "adaptive", "limit": 8}, "drop it"),
+        ({"min_limit": 10, "max_limit": 5}, "min_limit"),
+        ({"target_kv_usage": 1.5}, "target_kv_usage"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            parse_config(_with(concurrency=bad))

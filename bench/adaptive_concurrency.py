@@ -1,0 +1,273 @@
+"""Adaptive concurrency against fixed settings on the REAL SGLang (CPU), interleaved and repeated.
+
+    uv run python -m bench.adaptive_concurrency [--settings 8,16,32,64,128,256,adaptive] [--repeats 2]
+        [--prompts 300] [--max-tokens 64,256] [--max-total-tokens 16384] [--max-running 64] [--engine sglang]
+
+One server for the whole invocation (``../shared/engines/serve.sh``; SGLang's OpenMP threads on core
+0), the client pinned to core 1 with a nice-19 spinner on that core in every setting alike (see
+``../shared/engines/README.md``: an idle client core slows the server). Each run is a fresh
+``datagen run --no-prefect`` of the same prompts, in two categories with different ``max_tokens``.
+Settings run in an interleaved order (A B C ..., then rotated), repeated; the table shows medians:
+
+- output tok/s from the server's own generation-token counter over the run's wall time;
+- retractions (SGLang) or preemptions (vLLM) per 1,000 requests, from the server's counter;
+- starved: share of 1 s samples in which the server queue was empty while KV usage was < 0.8;
+- p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
+
+The last line is the ratio of adaptive to the best fixed setting in hindsight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from flows.control.signals import ServerSample, parse_metrics
+from prompts.synthetic import write_synthetic_prompts
+from sglang_launch.launcher import free_port
+
+console = Console(width=140)
+ENGINES = Path(__file__).resolve().parents[2] / "shared" / "engines"
+MODEL = Path(os.environ.get("ENGINES_HOME", Path.home() / ".cache" / "cpu-engines")) / "tiny-llm"
+
+
+@dataclass
+class Outcome:
+    tok_s: float
+    retractions_per_1k: float
+    starved: float
+    p50: float
+    p99: float
+    cpu_s: float
+    requests: int
+    peak_queue: int = 0
+    samples: list[ServerSample] = field(default_factory=list)
+
+
+class Poller(threading.Thread):
+    """The server's /metrics once a second while a run goes on (the same for every setting)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.samples: list[ServerSample] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self.stop.wait(1.0):
+                try:
+                    sample = parse_metrics(client.get(f"{self.url}/metrics").text)
+                except httpx.HTTPError:
+                    continue
+                if sample is not None:
+                    self.samples.append(sample)
+
+
+def read_sample(url: str) -> ServerSample:
+    sample = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+    assert sample is not None, "the server serves no load metrics"
+    return sample
+
+
+def start_server(engine: str, port: int, args: argparse.Namespace, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MAX_TOTAL_TOKENS": str(args.max_total_tokens), "MAX_RUNNING": str(args.max_running)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["bash", str(ENGINES / "serve.sh"), engine, str(port), str(MODEL)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 300
+    probe = "/health" if engine == "sglang" else "/v1/models"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{engine} exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{probe}", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{engine} did not start in 300 s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def write_config(
+    path: Path, url: str, run_dir: Path, sources: list[tuple[str, Path, int]], setting: str
+) -> None:
+    lines = [
+        f'[run]\nname = "{run_dir.name}"\noutput_dir = "{run_dir.parent}"\n',
+        f'[[endpoints]]\nurl = "{url}"\nstream = false\n',
+        "[generation]\ntemperature = 1.0\n",
+        "[store]\nflush_rows = 256\nflush_seconds = 5\nshard_prompts = 1000\n",
+    ]
+    if setting != "adaptive":
+        lines.append(f"[concurrency]\nlimit = {int(setting)}\n")
+    for name, source, max_tokens in sources:
+        lines.append(
+            f'[[categories]]\nname = "{name}"\nsource = "{source}"\nformat = "messages"\n'
+            f"generation = {{ max_tokens = {max_tokens} }}\n"
+        )
+    path.write_text("\n".join(lines))
+
+
+def one_run(url: str, config: Path, run_dir: Path, requests: int) -> Outcome:
+    before = read_sample(url)
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    poller = Poller(url)
+    poller.start()
+    started = time.monotonic()
+    result = subprocess.run(
+        ["taskset", "-c", "1", sys.executable, "-m", "flows.cli.main", "run", str(config), "--no-prefect"],
+        capture_output=True,
+        check=False,
+    )
+    wall = time.monotonic() - started
+    poller.stop.set()
+    poller.join()
+    usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr.decode()[-3000:])
+    after = read_sample(url)
+    latencies = sorted(
+        value
+        for path in (run_dir / "data").rglob("*.parquet")
+        for value in pq.read_table(path, columns=["latency_s"]).column("latency_s").to_pylist()
+    )
+    samples = poller.samples
+    starved = [s for s in samples if s.queued == 0 and (s.kv_usage or 0) < 0.8]
+    generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
+    retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
+    return Outcome(
+        tok_s=generated / wall,
+        retractions_per_1k=1000 * retractions / max(requests, 1),
+        starved=len(starved) / max(len(samples), 1),
+        p50=latencies[len(latencies) // 2] if latencies else 0.0,
+        p99=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0,
+        cpu_s=(usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime),
+        requests=len(latencies),
+        peak_queue=max((s.queued or 0 for s in samples), default=0),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--settings", default="8,16,32,64,128,256,adaptive")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=300)
+    parser.add_argument("--max-tokens", default="64,256", help="one category per value")
+    parser.add_argument("--max-total-tokens", type=int, default=16384)
+    parser.add_argument("--max-running", type=int, default=64)
+    parser.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
+    parser.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
+    args = parser.parse_args()
+    settings = args.settings.split(",")
+    budgets = [int(v) for v in args.max_tokens.split(",")]
+    spinner = subprocess.Popen(
+        ["taskset", "-c", "1", "nice", "-n", "19", sys.executable, "-c", "while True: pass"],
+        start_new_session=True,
+    )
+    results: dict[str, list[Outcome]] = {s: [] for s in settings}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        sources = []
+        per_category = args.prompts // len(budgets)
+        for i, budget in enumerate(budgets):
+            source = tmp / f"c{i}.jsonl"
+            write_synthetic_prompts(source, per_category, tag=f"c{i}-", max_words=400)
+            sources.append((f"max{budget}", source, budget))
+        port = free_port("127.0.0.1")
+        server = start_server(args.engine, port, args, tmp / "server.log")
+        url = f"http://127.0.0.1:{port}"
+        try:
+            runs = 0
+            for repeat in range(args.repeats):
+                order = settings[repeat % len(settings) :] + settings[: repeat % len(settings)]
+                for setting in order:
+                    runs += 1
+                    run_dir = tmp / "runs" / f"r{runs}-{setting}"
+                    config = tmp / f"r{runs}.toml"
+                    write_config(config, url, run_dir, sources, setting)
+                    outcome = one_run(url, config, run_dir, per_category * len(budgets))
+                    results[setting].append(outcome)
+                    console.print(
+                        f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
+                        f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%}, "
+                        f"peak queue {outcome.peak_queue}, cpu {outcome.cpu_s:.1f} s"
+                    )
+        finally:
+            stop(server)
+            spinner.kill()
+    print_table(results, args)
+
+
+def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> None:
+    def med(setting: str, attr: str) -> float:
+        return statistics.median(getattr(o, attr) for o in results[setting])
+
+    fixed = [s for s in results if s != "adaptive" and results[s]]
+    best = max(fixed, key=lambda s: med(s, "tok_s")) if fixed else None
+    table = Table(
+        title=f"{args.engine}: {args.prompts} prompts, max_tokens {args.max_tokens}, KV pool "
+        f"{args.max_total_tokens}, max running {args.max_running}; medians of {args.repeats}"
+    )
+    columns = ["setting", "tok/s", "vs best fixed", "retr/1k req", "starved", "peak queue", "p50 s", "p99 s"]
+    for column in [*columns, "client CPU s"]:
+        table.add_column(column, justify="left" if column == "setting" else "right")
+    for setting, outcomes in results.items():
+        if not outcomes:
+            continue
+        ratio = med(setting, "tok_s") / med(best, "tok_s") if best else 1.0
+        table.add_row(
+            setting,
+            f"{med(setting, 'tok_s'):,.0f}",
+            f"{ratio:.2f}x",
+            f"{med(setting, 'retractions_per_1k'):.1f}",
+            f"{med(setting, 'starved'):.0%}",
+            f"{med(setting, 'peak_queue'):.0f}",
+            f"{med(setting, 'p50'):.2f}",
+            f"{med(setting, 'p99'):.2f}",
+            f"{med(setting, 'cpu_s'):.1f}",
+        )
+    console.print(table)
+    if args.json:
+        args.json.write_text(
+            json.dumps({s: [o.__dict__ | {"samples": []} for o in v] for s, v in results.items()})
+        )
+    if best and results.get("adaptive"):
+        ratio = med("adaptive", "tok_s") / med(best, "tok_s")
+        console.print(f"adaptive / best fixed ({best}): {ratio:.2f}x output tok/s")
+
+
+if __name__ == "__main__":
+    main()

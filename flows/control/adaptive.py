@@ -1,0 +1,233 @@
+"""The adaptive law: keep the KV cache near full with a short server queue ready, never a flood.
+
+Pure: ``observe`` takes one ``Observation`` (the server's sample, the client's own counts, the
+projected KV demand of what is in flight, a timestamp) and returns a ``Decision`` with its reason,
+so the law replays exactly on a recorded timeline. No clock, no I/O.
+
+The rules, checked in this order each tick (about once a second):
+
+1. Endpoint down: hold (the guard already closes the lane). When it comes back, or a server counter
+   goes backwards or its KV capacity changes (a restart), start again cautiously.
+2. A retraction / preemption since the last tick, or KV usage >= ``kv_full``: the server took more
+   than it can hold and is recomputing work. Back off multiplicatively below what is in flight and
+   hold growth for ``hold_s``.
+3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
+   expected output. ``occupancy`` (learned: KV tokens actually used per projected token, while
+   everything in flight runs) turns that into the KV demand the server will see. If the projected
+   demand of ``limit`` requests exceeds ``target_kv`` of the pool, shrink to what fits. This reacts
+   to a shift towards longer answers before the gauges show it.
+4. A long server queue (more than the ready-queue allowance): the server admits fewer than we send
+   (its own admission rule or ``--max-running-requests``); trim to running + allowance.
+5. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
+   and prompts waiting): grow multiplicatively, at most ``grow`` per tick, towards the token budget.
+6. Otherwise hold. A change smaller than the hysteresis band is not made.
+
+The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
+~40 decode steps): enough queued requests to refill the batch until the next reading.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from flows.control.signals import ServerSample
+
+
+@dataclass(frozen=True)
+class LawSettings:
+    target_kv: float = 0.90
+    kv_full: float = 0.99
+    min_limit: int = 1
+    max_limit: int = 1024
+    initial_limit: int = 8
+    grow: float = 1.5
+    backoff: float = 0.75
+    hold_s: float = 10.0
+    staleness_s: float = 2.0
+    min_queue: int = 2
+    hysteresis: float = 0.05
+    occupancy_alpha: float = 0.3
+
+
+@dataclass(frozen=True)
+class Observation:
+    at: float
+    server: ServerSample | None
+    in_flight: int
+    waiting: int
+    """Prompts the client holds ready for a slot: growing helps only when there are some."""
+    projected_tokens: float
+    """Projected KV demand (prompt + expected output) of the requests in flight."""
+    completions_per_s: float
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class Decision:
+    at: float
+    limit: int
+    previous: int
+    reason: str
+    kv_usage: float | None
+    running: int | None
+    queued: int | None
+    retractions: int
+    in_flight: int
+    waiting: int
+    budget_limit: int | None
+    queue_allowance: int
+    occupancy: float | None
+
+
+@dataclass
+class AdaptiveLimit:
+    """The law as a ``Limit``: ``limit`` is the last decision; ``observe`` makes the next."""
+
+    settings: LawSettings = field(default_factory=LawSettings)
+    _limit: int = 0
+    _last_counter: float | None = None
+    _last_capacity: int | None = None
+    _hold_until: float = -math.inf
+    _occupancy: float | None = None
+    _was_down: bool = False
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self._limit = _clamp(s.initial_limit, s.min_limit, s.max_limit)
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def observe(self, obs: Observation) -> Decision:
+        s = self.settings
+        server = obs.server
+        restarted = self._restarted(obs)
+        retractions = self._retractions(server)
+        self._learn_occupancy(obs)
+        allowance = self._queue_allowance(obs)
+        budget = self._budget_limit(obs, allowance)
+        current = self._limit
+        target, reason = self._target(obs, retractions, restarted, budget, allowance)
+        target = _clamp(target, s.min_limit, s.max_limit)
+        if target != current and (
+            reason.startswith(("back off", "restart", "over budget", "trim"))
+            or abs(target - current) >= max(1, s.hysteresis * current)
+        ):
+            self._limit = target
+        return Decision(
+            at=obs.at,
+            limit=self._limit,
+            previous=current,
+            reason=reason if self._limit != current else f"hold: {reason}",
+            kv_usage=server.kv_usage if server else None,
+            running=server.running if server else None,
+            queued=server.queued if server else None,
+            retractions=retractions,
+            in_flight=obs.in_flight,
+            waiting=obs.waiting,
+            budget_limit=budget,
+            queue_allowance=allowance,
+            occupancy=self._occupancy,
+        )
+
+    # -- the rules --------------------------------------------------------------------------------
+    def _target(
+        self, obs: Observation, retractions: int, restarted: bool, budget: int | None, allowance: int
+    ) -> tuple[int, str]:
+        s, server, current = self.settings, obs.server, self._limit
+        if not obs.healthy:
+            return current, "endpoint down"
+        if restarted:
+            self._hold_until = obs.at + s.hold_s
+            return min(current, s.initial_limit), "restart detected: cautious start"
+        usage = server.kv_usage if server else None
+        if retractions or (usage is not None and usage >= s.kv_full):
+            self._hold_until = obs.at + s.hold_s
+            why = f"{retractions} retraction(s)" if retractions else f"KV usage {usage:.2f}"
+            return math.floor(min(current, max(obs.in_flight, 1)) * s.backoff), f"back off: {why}"
+        if budget is not None and budget < current * (1 - s.hysteresis):
+            return budget, f"over budget: projected KV demand fits {budget}"
+        queued = server.queued if server else None
+        if queued is not None and queued > 2 * allowance and server is not None and server.running:
+            return server.running + allowance, f"trim: server queue {queued} > ready allowance {allowance}"
+        binds = obs.in_flight >= current - 1 and obs.waiting > 0
+        room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
+        if binds and room and obs.at >= self._hold_until:
+            fast = usage is not None and usage < s.target_kv / 2
+            grown = max(current + 1, math.floor(current * (2.0 if fast else s.grow)))
+            if fast and budget is not None:  # far from full: go straight to what the token budget allows
+                grown = max(grown, budget)
+            if usage is not None and usage > 0.05:
+                grown = min(grown, max(current + 1, math.floor(current * s.target_kv / usage)))
+            if budget is not None:
+                grown = min(grown, budget)
+            return grown, "grow: room in the KV cache and prompts waiting"
+        if not binds:
+            return current, "limit not binding"
+        if obs.at < self._hold_until:
+            return current, "holding after a back-off"
+        return current, "at target"
+
+    # -- what the rules read ------------------------------------------------------------------------
+    def _retractions(self, server: ServerSample | None) -> int:
+        if server is None or server.preemptions_total is None:
+            return 0
+        last, self._last_counter = self._last_counter, server.preemptions_total
+        if last is None or server.preemptions_total < last:
+            return 0
+        return int(server.preemptions_total - last)
+
+    def _restarted(self, obs: Observation) -> bool:
+        """Health came back, the retraction counter went backwards, or the KV pool changed size."""
+        came_back = self._was_down and obs.healthy
+        self._was_down = not obs.healthy
+        server = obs.server
+        if server is None:
+            return came_back
+        counter_back = (
+            server.preemptions_total is not None
+            and self._last_counter is not None
+            and server.preemptions_total < self._last_counter
+        )
+        capacity = server.capacity_tokens
+        resized = capacity is not None and self._last_capacity is not None and capacity != self._last_capacity
+        if capacity is not None:
+            self._last_capacity = capacity
+        return came_back or counter_back or resized
+
+    def _learn_occupancy(self, obs: Observation) -> None:
+        """KV tokens used per projected token, measured only while everything in flight is running."""
+        server = obs.server
+        if (
+            server is None
+            or server.kv_usage is None
+            or server.capacity_tokens is None
+            or not server.running
+            or (server.queued or 0) > 0
+            or obs.projected_tokens <= 0
+            or server.running < 0.8 * obs.in_flight
+        ):
+            return
+        ratio = server.kv_usage * server.capacity_tokens / obs.projected_tokens
+        ratio = min(max(ratio, 0.05), 1.5)
+        a = self.settings.occupancy_alpha
+        self._occupancy = ratio if self._occupancy is None else (1 - a) * self._occupancy + a * ratio
+
+    def _budget_limit(self, obs: Observation, allowance: int) -> int | None:
+        """How many requests of the current mix fit in ``target_kv`` of the pool, plus the ready queue."""
+        server = obs.server
+        if server is None or server.capacity_tokens is None:
+            return None
+        if obs.in_flight <= 0 or obs.projected_tokens <= 0:
+            return None
+        per_request = obs.projected_tokens / obs.in_flight * (self._occupancy or 1.0)
+        return math.floor(self.settings.target_kv * server.capacity_tokens / per_request) + allowance
+
+    def _queue_allowance(self, obs: Observation) -> int:
+        return max(self.settings.min_queue, math.ceil(obs.completions_per_s * self.settings.staleness_s))
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))

@@ -1,0 +1,90 @@
+"""One endpoint's controller: reads its signals about once a second, feeds its law, logs the decision.
+
+The law (``adaptive.py``) is pure; this is the I/O around it. The client's own counts (in flight,
+completions per second, projected KV demand of what is in flight) come from the endpoint's limiter
+lane; the server's from ``SignalReader``; the KV capacity once from ``/get_server_info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from flows.client.guard import Endpoint
+from flows.control.adaptive import AdaptiveLimit, Decision, Observation
+from flows.control.limiter import Lane, Limiter
+from flows.control.signals import ServerSample, SignalReader, with_capacity
+from flows.control.timeline import Timeline
+from sglang_launch.probe import kv_capacity, server_info
+
+log = logging.getLogger(__name__)
+
+RATE_ALPHA = 0.3
+"""Smoothing of completions per second across ticks (one tick is one poll)."""
+
+
+class EndpointController:
+    def __init__(
+        self,
+        lane: Lane[Endpoint],
+        law: AdaptiveLimit,
+        limiter: Limiter[Endpoint],
+        timeline: Timeline,
+        *,
+        poll_s: float = 1.0,
+    ) -> None:
+        client = lane.endpoint.client
+        self.lane = lane
+        self.law = law
+        self.limiter = limiter
+        self.timeline = timeline
+        self.poll_s = poll_s
+        self.reader = SignalReader(client.endpoint, client.api_key)
+        self.capacity: int | None = None
+        self.last: Decision | None = None
+        self.last_sample: ServerSample | None = None
+        self._rate = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.reader.url
+
+    async def run(self) -> None:
+        client = self.lane.endpoint.client
+        info = await asyncio.to_thread(server_info, client.endpoint, client.api_key)
+        self.capacity = kv_capacity(info)
+        started = time.monotonic()
+        last_at, last_completed = started, self.lane.completed
+        while True:
+            await asyncio.sleep(self.poll_s)
+            sample = with_capacity(await self.reader.read(), self.capacity)
+            now = time.monotonic()
+            done = self.lane.completed
+            rate = (done - last_completed) / max(now - last_at, 1e-6)
+            self._rate += RATE_ALPHA * (rate - self._rate)
+            last_at, last_completed = now, done
+            decision = self.tick(now - started, sample)
+            if decision.limit > decision.previous:
+                await self.limiter.notify()  # waiters see the new room now, not at the next release
+
+    def tick(self, at: float, sample: ServerSample | None) -> Decision:
+        """One decision from what the lane and the server say now."""
+        observation = Observation(
+            at=at,
+            server=sample,
+            in_flight=self.lane.in_flight,
+            waiting=self.limiter.waiting,
+            projected_tokens=self.lane.projected_tokens,
+            completions_per_s=self._rate,
+            healthy=self.lane.endpoint.guard.up,
+        )
+        decision = self.law.observe(observation)
+        self.last, self.last_sample = decision, sample
+        self.timeline.add(self.url, decision, sample, self.lane.projected_tokens)
+        if decision.limit != decision.previous:
+            log.info("%s: limit %d -> %d (%s)", self.url, decision.previous, decision.limit, decision.reason)
+        return decision
+
+    async def aclose(self) -> None:
+        await self.reader.aclose()

@@ -1,0 +1,179 @@
+"""What a server says about its load: SGLang's and vLLM's ``/metrics``, SGLang's ``/v1/loads``.
+
+Parsing is pure (text in, a ``ServerSample`` out) and tested on captured responses; ``SignalReader``
+is the only part that does I/O. It polls about once a second: on a 2-core machine, polling
+``/metrics`` and ``/v1/loads`` at 10 Hz slowed SGLang about 12x. Every signal is optional: a server
+without ``--enable-metrics`` falls back to ``/v1/loads`` (SGLang 0.5.8+), and a server with neither
+leaves the law with the client's own counts, after one warning that says how to enable metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """One reading of a server's load. ``None``: the server does not say."""
+
+    source: str
+    """``sglang-metrics``, ``vllm-metrics`` or ``sglang-loads``."""
+    kv_usage: float | None = None
+    """Share of the KV pool in use, 0..1 (SGLang: excludes evictable prefix cache)."""
+    running: int | None = None
+    queued: int | None = None
+    preemptions_total: float | None = None
+    """SGLang retractions or vLLM preemptions since the server started (absent before the first: 0)."""
+    capacity_tokens: int | None = None
+    """KV pool size in tokens (SGLang only)."""
+    max_running: int | None = None
+    generation_tokens_total: float | None = None
+    """Output tokens the server generated since it started (the benchmarks' throughput counter)."""
+
+
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+
+def _rank0(labels: dict[str, str]) -> bool:
+    """With TP > 1 only tp_rank 0 carries the load gauges; other ranks repeat or zero them."""
+    return labels.get("tp_rank", "0") == "0" and labels.get("dp_rank", "0") == "0"
+
+
+def parse_metrics(text: str) -> ServerSample | None:
+    """SGLang or vLLM Prometheus text -> a sample; None when neither engine's load metrics are there."""
+    values: dict[str, float] = {}
+    totals: dict[str, float] = {}
+    for name, labels, value in _samples(text):
+        if name.startswith("sglang:") and not _rank0(labels):
+            continue
+        if name in ("sglang:generation_tokens_total", "vllm:generation_tokens_total"):
+            totals[name] = totals.get(name, 0.0) + value  # one series per is_streaming label
+        else:
+            values.setdefault(name, value)
+    if "sglang:token_usage" in values or "sglang:num_running_reqs" in values:
+        return ServerSample(
+            source="sglang-metrics",
+            kv_usage=values.get("sglang:token_usage"),
+            running=_int(values.get("sglang:num_running_reqs")),
+            queued=_int(values.get("sglang:num_queue_reqs")),
+            preemptions_total=values.get("sglang:num_retracted_requests_total", 0.0),
+            capacity_tokens=_int(values.get("sglang:max_total_num_tokens")),
+            generation_tokens_total=totals.get("sglang:generation_tokens_total"),
+        )
+    if "vllm:kv_cache_usage_perc" in values or "vllm:num_requests_running" in values:
+        return ServerSample(
+            source="vllm-metrics",
+            kv_usage=values.get("vllm:kv_cache_usage_perc"),
+            running=_int(values.get("vllm:num_requests_running")),
+            queued=_int(values.get("vllm:num_requests_waiting")),
+            preemptions_total=values.get("vllm:num_preemptions_total", 0.0),
+            generation_tokens_total=totals.get("vllm:generation_tokens_total"),
+        )
+    return None
+
+
+def parse_loads(document: dict[str, Any]) -> ServerSample | None:
+    """SGLang's ``/v1/loads`` JSON (fresher than the gauges, no retraction counter): summed over DP ranks."""
+    loads = [entry for entry in document.get("loads", []) if isinstance(entry, dict)]
+    if not loads:
+        return None
+    used = sum(float(e.get("num_used_tokens", 0)) for e in loads)
+    capacity = sum(int(e.get("max_total_num_tokens", 0)) for e in loads)
+    return ServerSample(
+        source="sglang-loads",
+        kv_usage=used / capacity if capacity else None,
+        running=sum(int(e.get("num_running_reqs", 0)) for e in loads),
+        queued=sum(int(e.get("num_waiting_reqs", 0)) for e in loads),
+        capacity_tokens=capacity or None,
+        max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
+    )
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+METRICS_HINT = (
+    "start SGLang with --enable-metrics (datagen launch always does) so the controller sees KV usage, "
+    "the queue and retractions"
+)
+
+
+class SignalReader:
+    """Reads one endpoint's load: ``/metrics`` first, ``/v1/loads`` where metrics are not served.
+
+    Which source answers is found once and kept; a source that stops answering is looked for again
+    at the next read. Failures (a restarting server) read as ``None``: the law then holds or uses
+    the client's own counts, and the endpoint guard deals with the outage.
+    """
+
+    def __init__(self, url: str, api_key: str | None = None, *, timeout_s: float = 2.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers)
+        self._source: str | None = None
+        self._warned = False
+        self.read_seconds = 0.0
+        """Wall time spent reading signals, so the cost of polling is measured, not guessed."""
+        self.reads = 0
+
+    async def read(self) -> ServerSample | None:
+        started = time.perf_counter()
+        try:
+            for source in [self._source] if self._source else ["metrics", "loads"]:
+                sample = await self._read(source)
+                if sample is not None:
+                    self._source = source
+                    return sample
+            self._source = None
+            self._warn_once()
+            return None
+        finally:
+            self.read_seconds += time.perf_counter() - started
+            self.reads += 1
+
+    async def _read(self, source: str) -> ServerSample | None:
+        try:
+            if source == "metrics":
+                response = await self._http.get(f"{self.url}/metrics")
+                return parse_metrics(response.text) if response.status_code == 200 else None
+            response = await self._http.get(f"{self.url}/v1/loads")
+            if response.status_code != 200:
+                return None
+            return parse_loads(response.json())
+        except (httpx.HTTPError, ValueError, json.JSONDecodeError):
+            return None
+
+    def _warn_once(self) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "%s serves neither /metrics nor /v1/loads: the concurrency controller uses the client's own "
+                "counts only; %s",
+                self.url,
+                METRICS_HINT,
+            )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def with_capacity(sample: ServerSample | None, capacity: int | None) -> ServerSample | None:
+    """Fill the KV capacity from ``/get_server_info`` where the sample's source does not carry it."""
+    if sample is None or sample.capacity_tokens is not None or capacity is None:
+        return sample
+    return replace(sample, capacity_tokens=capacity)

@@ -1,0 +1,59 @@
+"""Every controller decision with its inputs and reason, kept as a parquet table in the run directory.
+
+One file per start of the run (``timeline/part-<start>.parquet``), rewritten atomically as it grows,
+so a resumed run keeps the earlier starts' timelines and the report can plot them all. A law
+replays on these rows exactly: they hold everything it was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flows.control.adaptive import Decision
+from flows.control.signals import ServerSample
+from flows.store.run_store import atomic_file
+
+TIMELINE_DIR = "timeline"
+
+
+class Timeline:
+    """Decision rows of this start of the run, for every endpoint."""
+
+    def __init__(self, run_dir: Path) -> None:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        self.path = run_dir / TIMELINE_DIR / f"part-{stamp}.parquet"
+        self.rows: list[dict[str, Any]] = []
+        self._written = 0
+
+    def add(
+        self, endpoint: str, decision: Decision, sample: ServerSample | None, projected_tokens: float
+    ) -> None:
+        row = {"endpoint": endpoint, **dataclasses.asdict(decision), "projected_tokens": projected_tokens}
+        row["source"] = sample.source if sample else None
+        row["capacity_tokens"] = sample.capacity_tokens if sample else None
+        row["preemptions_total"] = sample.preemptions_total if sample else None
+        row["generation_tokens_total"] = sample.generation_tokens_total if sample else None
+        self.rows.append(row)
+
+    def write(self) -> None:
+        """Rewrite this start's file if anything was added since the last write."""
+        if len(self.rows) == self._written:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(self.path) as handle:
+            pq.write_table(pa.Table.from_pylist(self.rows), handle, compression="zstd")
+        self._written = len(self.rows)
+
+
+def read_timeline(run_dir: Path) -> list[dict[str, Any]]:
+    """All decision rows of a run, every start in order (empty for a fixed-limit run)."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted((run_dir / TIMELINE_DIR).glob("part-*.parquet")):
+        rows.extend(pq.read_table(path).to_pylist())
+    return rows
