@@ -75,6 +75,8 @@ class Decision:
     retractions: int
     in_flight: int
     waiting: int
+    completions_per_s: float
+    healthy: bool
     budget_limit: int | None
     queue_allowance: int
     occupancy: float | None
@@ -127,6 +129,8 @@ class AdaptiveLimit:
             retractions=retractions,
             in_flight=obs.in_flight,
             waiting=obs.waiting,
+            completions_per_s=obs.completions_per_s,
+            healthy=obs.healthy,
             budget_limit=budget,
             queue_allowance=allowance,
             occupancy=self._occupancy,

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flows.control.adaptive import Decision
+from flows.control.adaptive import Decision, Observation
 from flows.control.signals import ServerSample
 from flows.store.run_store import atomic_file
 
@@ -57,3 +57,27 @@ def read_timeline(run_dir: Path) -> list[dict[str, Any]]:
     for path in sorted((run_dir / TIMELINE_DIR).glob("part-*.parquet")):
         rows.extend(pq.read_table(path).to_pylist())
     return rows
+
+
+def observation_from_row(row: dict[str, Any]) -> Observation:
+    """What the law was given at one recorded decision: replaying these reproduces the decisions."""
+    server = None
+    if row["source"] is not None:
+        server = ServerSample(
+            source=row["source"],
+            kv_usage=row["kv_usage"],
+            running=row["running"],
+            queued=row["queued"],
+            preemptions_total=row["preemptions_total"],
+            capacity_tokens=row["capacity_tokens"],
+            generation_tokens_total=row["generation_tokens_total"],
+        )
+    return Observation(
+        at=row["at"],
+        server=server,
+        in_flight=row["in_flight"],
+        waiting=row["waiting"],
+        projected_tokens=row["projected_tokens"],
+        completions_per_s=row["completions_per_s"],
+        healthy=row["healthy"],
+    )

@@ -1,0 +1,153 @@
+"""The adaptive law on synthetic timelines: grow into room, back off on retractions, restart cautiously,
+trim a flooded queue, shrink before a shift to longer answers, stay bounded, replay exactly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flows.control.adaptive import AdaptiveLimit, Decision, LawSettings, Observation
+from flows.control.signals import ServerSample
+
+CAPACITY = 16384
+
+
+def server(
+    usage: float, running: int, queued: int = 0, retracted: float = 0.0, capacity: int = CAPACITY
+) -> ServerSample:
+    return ServerSample(
+        source="sglang-metrics",
+        kv_usage=usage,
+        running=running,
+        queued=queued,
+        preemptions_total=retracted,
+        capacity_tokens=capacity,
+    )
+
+
+def obs(
+    at: float,
+    sample: ServerSample | None,
+    in_flight: int,
+    *,
+    waiting: int = 1,
+    per_request: float = 400.0,
+    rate: float = 2.0,
+    healthy: bool = True,
+) -> Observation:
+    return Observation(
+        at=at,
+        server=sample,
+        in_flight=in_flight,
+        waiting=waiting,
+        projected_tokens=per_request * in_flight,
+        completions_per_s=rate,
+        healthy=healthy,
+    )
+
+
+def saturate(law: AdaptiveLimit, start: float = 0.0, ticks: int = 6) -> list[Decision]:
+    """Ticks in which everything in flight runs at a low KV usage and prompts wait."""
+    out = []
+    for i in range(ticks):
+        limit = law.limit
+        out.append(law.observe(obs(start + i, server(0.1 * limit / 8, limit), limit)))
+    return out
+
+
+def test_grows_while_the_limit_binds_and_the_kv_cache_has_room() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    first = law.observe(obs(1, server(0.1, 8), 8))
+    assert first.limit > 8 and first.reason.startswith("grow")
+
+
+def test_does_not_grow_without_waiting_prompts_or_when_not_at_the_limit() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    assert law.observe(obs(1, server(0.1, 8), 8, waiting=0)).limit == 8
+    assert law.observe(obs(2, server(0.1, 3), 3)).limit == 8
+
+
+def test_stops_growing_at_the_target_usage() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40, target_kv=0.9))
+    decision = law.observe(obs(1, server(0.92, 40), 40, per_request=350))
+    assert decision.limit == 40
+
+
+def test_a_retraction_backs_off_below_in_flight_and_holds_growth() -> None:
+    settings = LawSettings(initial_limit=40, hold_s=10.0)
+    law = AdaptiveLimit(settings)
+    law.observe(obs(0, server(0.7, 40, retracted=3), 40))  # first reading: the counter's baseline
+    decision = law.observe(obs(1, server(0.95, 40, retracted=5), 40))
+    assert decision.retractions == 2 and decision.reason.startswith("back off")
+    assert decision.limit == 30  # 40 * 0.75
+    for at in (2, 5, 9):  # room again, but held
+        assert law.observe(obs(at, server(0.3, 30, retracted=5), 30)).limit == 30
+    assert law.observe(obs(12, server(0.3, 30, retracted=5), 30)).limit > 30
+
+
+def test_a_full_kv_cache_backs_off_even_without_a_counter() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=20))
+    sample = replace(server(0.995, 20), preemptions_total=None)
+    assert law.observe(obs(1, sample, 20)).limit < 20
+
+
+def test_a_counter_going_backwards_is_a_restart_and_restarts_cautiously() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    law.observe(obs(0, server(0.5, 8, retracted=7), 8))
+    law._limit = 100
+    decision = law.observe(obs(1, server(0.0, 0, retracted=0), 100))
+    assert decision.reason.startswith("restart") and decision.limit == 8 and decision.retractions == 0
+
+
+def test_health_coming_back_is_a_restart() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    law._limit = 64
+    assert law.observe(obs(0, None, 64, healthy=False)).limit == 64  # down: hold, the guard closes the lane
+    assert law.observe(obs(1, server(0.0, 0), 0)).limit == 8
+
+
+def test_a_flooded_server_queue_is_trimmed_to_running_plus_a_short_ready_queue() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    law._limit = 150
+    decision = law.observe(obs(1, server(0.9, 50, queued=100), 150, per_request=50, rate=3.0))
+    assert decision.reason.startswith("trim")
+    assert decision.limit == 50 + decision.queue_allowance and decision.queue_allowance == 6  # 3/s x 2 s
+
+
+def test_a_shift_to_longer_answers_shrinks_before_the_cache_fills() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40))
+    steady = law.observe(obs(1, server(0.9, 40), 40, per_request=350))
+    assert steady.limit == 40
+    # the same 40 in flight are now projected at 4x the tokens each (longer answers started)
+    shifted = law.observe(obs(2, server(0.9, 40), 40, per_request=1400))
+    assert shifted.reason.startswith("over budget") and shifted.limit < 20
+
+
+def test_never_outside_its_bounds() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=4, min_limit=2, max_limit=50))
+    for i in range(30):
+        law.observe(obs(i, server(0.01, law.limit), law.limit, per_request=10))
+        assert 2 <= law.limit <= 50
+    assert law.limit == 50
+    for i in range(30, 60):
+        law.observe(obs(i, server(0.999, law.limit, retracted=i), law.limit))
+        assert law.limit >= 2
+    assert law.limit == 2
+
+
+def test_small_changes_inside_the_hysteresis_band_are_not_made() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
+    # at 0.92 usage the learned budget is 100 x 0.90 / 0.92 + 2 = 99: within 5 % of 100, so no shrink
+    decision = law.observe(obs(1, server(0.92, 100), 100, rate=0.5))
+    assert decision.budget_limit == 99 and decision.limit == 100
+    # at 0.97 it is 94: outside the band, so the limit follows it
+    fresh = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
+    assert fresh.observe(obs(1, server(0.97, 100), 100, rate=0.5)).limit == 94
+
+
+def test_replaying_the_same_observations_gives_the_same_decisions() -> None:
+    timeline = [obs(i, server(min(0.05 * i, 0.99), 8 + i, retracted=i // 7), 8 + i) for i in range(40)]
+
+    a, b = AdaptiveLimit(), AdaptiveLimit()
+    first = [a.observe(o) for o in timeline]
+    second = [b.observe(o) for o in timeline]
+    assert first == second

@@ -1,0 +1,78 @@
+"""Load signals parsed from the real servers' captured responses (SGLang 0.5.23, vLLM 0.32)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flows.control.signals import ServerSample, parse_loads, parse_metrics, with_capacity
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_sglang_metrics_under_load_after_a_retraction() -> None:
+    sample = parse_metrics(_text("sglang-0.5.23/metrics_after_retraction.prom"))
+    assert sample == ServerSample(
+        source="sglang-metrics",
+        kv_usage=0.93,
+        running=10,
+        queued=46,
+        preemptions_total=1.0,
+        capacity_tokens=4096,
+        generation_tokens_total=2257.0 + 16.0,  # both is_streaming series
+    )
+
+
+def test_sglang_retraction_counter_absent_before_the_first_retraction_reads_zero() -> None:
+    text = _text("sglang-0.5.23/metrics_idle.prom")
+    assert "num_retracted_requests_total" not in text
+    sample = parse_metrics(text)
+    assert sample is not None and sample.preemptions_total == 0.0 and sample.queued == 0
+
+
+def test_only_tp_rank_0_carries_the_load_gauges() -> None:
+    both = (
+        "# TYPE sglang:token_usage gauge\n"
+        'sglang:token_usage{tp_rank="1"} 0.10\n'
+        'sglang:token_usage{tp_rank="0"} 0.85\n'
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{tp_rank="1"} 0.0\n'
+        'sglang:num_running_reqs{tp_rank="0"} 12.0\n'
+    )
+    sample = parse_metrics(both)
+    assert sample is not None and (sample.kv_usage, sample.running) == (0.85, 12)
+    text = _text("sglang-0.5.23/metrics_after_retraction.prom")
+    assert parse_metrics(text.replace('tp_rank="0"', 'tp_rank="1"')) is None
+
+
+def test_vllm_metrics_map_to_the_same_sample() -> None:
+    sample = parse_metrics(_text("vllm-0.32.0/metrics_after_preemption.prom"))
+    assert sample is not None
+    assert sample.source == "vllm-metrics"
+    assert (sample.running, sample.queued, sample.preemptions_total) == (10, 52, 2.0)
+    assert sample.kv_usage is not None and abs(sample.kv_usage - 0.9677) < 1e-3
+    assert sample.capacity_tokens is None  # vLLM does not say: the law budgets by usage only
+
+
+def test_text_without_engine_metrics_is_no_sample() -> None:
+    assert parse_metrics("# HELP x y\n# TYPE x gauge\nx 1.0\n") is None
+
+
+def test_v1_loads_under_load() -> None:
+    sample = parse_loads(json.loads(_text("sglang-0.5.23/v1_loads_load.json")))
+    assert sample is not None
+    assert (sample.running, sample.queued, sample.capacity_tokens, sample.max_running) == (8, 56, 4096, 16)
+    assert sample.kv_usage is not None and abs(sample.kv_usage - 3796 / 4096) < 1e-9
+    assert parse_loads({"loads": []}) is None
+
+
+def test_capacity_from_server_info_fills_only_what_is_missing() -> None:
+    vllm = ServerSample(source="vllm-metrics", kv_usage=0.5)
+    assert with_capacity(vllm, 8192) == ServerSample(source="vllm-metrics", kv_usage=0.5, capacity_tokens=8192)
+    sglang = ServerSample(source="sglang-metrics", capacity_tokens=4096)
+    assert with_capacity(sglang, 8192) == sglang
+    assert with_capacity(None, 8192) is None
