@@ -72,7 +72,9 @@ def test_v1_loads_under_load() -> None:
 
 def test_capacity_from_server_info_fills_only_what_is_missing() -> None:
     vllm = ServerSample(source="vllm-metrics", kv_usage=0.5)
-    assert with_capacity(vllm, 8192) == ServerSample(source="vllm-metrics", kv_usage=0.5, capacity_tokens=8192)
+    assert with_capacity(vllm, 8192) == ServerSample(
+        source="vllm-metrics", kv_usage=0.5, capacity_tokens=8192
+    )
     sglang = ServerSample(source="sglang-metrics", capacity_tokens=4096)
     assert with_capacity(sglang, 8192) == sglang
     assert with_capacity(None, 8192) is None
