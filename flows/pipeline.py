@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from flows.prompt_stream import category_items, take
+from flows.prompt_stream import MostlyRejected, category_items, take
 from flows.pump import RunAborted, pump_shard
 from flows.session import RunSession
 
@@ -70,6 +70,9 @@ async def run_category(session_key: str, category: str, shard_runner: ShardRunne
         while True:
             try:
                 shard = await asyncio.to_thread(take, items, size)
+            except MostlyRejected as error:
+                unreadable = SourceError(f"category {category}: {error}")
+                break
             except Exception as error:  # the shards already running still finish and are saved
                 unreadable = SourceError(f"category {category}: cannot read {run.config.source}: {error}")
                 break
