@@ -56,7 +56,7 @@ EXPORTS_DIR = "exports"
 BATCH_ROWS = 1024
 """Rows per parquet record batch: bounds memory whatever the shard size."""
 
-SPECFORGE_COLUMNS = ["id", "messages", "tools", "flags"]
+SPECFORGE_COLUMNS = ["id", "category", "messages", "tools", "flags"]
 
 
 class ExportFormat(StrEnum):
@@ -93,6 +93,8 @@ class ExportTally:
     """A row with two flags counts under both."""
     left_out_rows: int = 0
     duplicates: int = 0
+    without_system: Counter[str] = field(default_factory=Counter)
+    """Exported rows per category whose conversation has no system turn (see ``flows.trainer_templates``)."""
 
     @property
     def rows(self) -> int:
@@ -106,6 +108,7 @@ class ExportResult:
     tally: ExportTally
     categories: list[str]
     reasoning: Reasoning | None = None
+    trainer_template: str | None = None
 
 
 def default_out(run_dir: Path, fmt: ExportFormat) -> Path:
@@ -244,16 +247,33 @@ def export_specforge(
     out: Path | None = None,
     selection: Selection | None = None,
     reasoning: Reasoning = Reasoning.FIELD,
+    trainer_template: str | None = None,
 ) -> ExportResult:
+    """The rows as SpecForge JSONL; ``trainer_template`` (a SpecForge template name) is only recorded
+    in the result, so the summary can compare the rows' system prompts with what it will insert."""
     selection = selection or Selection()
     store = open_run(run_dir)
     categories = resolve_categories(store, selection.categories)
     path = out or default_out(run_dir, ExportFormat.SPECFORGE)
     tally = ExportTally()
     rows = iter_selected_rows(store, categories, selection, tally, SPECFORGE_COLUMNS)
-    lines = (json.dumps(specforge_record(row, reasoning), ensure_ascii=False) + "\n" for row in rows)
-    write_lines_atomically(lines, path)
-    return ExportResult(ExportFormat.SPECFORGE, path, tally, categories, reasoning=reasoning)
+
+    def lines() -> Iterator[str]:
+        for row in rows:
+            record = specforge_record(row, reasoning)
+            if not record["conversations"] or record["conversations"][0]["role"] != "system":
+                tally.without_system[row["category"]] += 1
+            yield json.dumps(record, ensure_ascii=False) + "\n"
+
+    write_lines_atomically(lines(), path)
+    return ExportResult(
+        ExportFormat.SPECFORGE,
+        path,
+        tally,
+        categories,
+        reasoning=reasoning,
+        trainer_template=trainer_template,
+    )
 
 
 def _build_dataset(rows: Iterator[dict[str, Any]], cache_dir: Path) -> Dataset:

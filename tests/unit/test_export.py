@@ -25,6 +25,7 @@ from flows.export import (
 from flows.export_cli import export, summary_lines
 from flows.schema import ROW_FEATURES, normalize_message
 from flows.store import RunStore, shard_files
+from flows.trainer_templates import SystemPromptCheck, template_warning, unchecked_hint
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 TOOLS_JSON = json.dumps(TOOLS)
@@ -360,6 +361,8 @@ def test_summary_lines(run_dir: Path) -> None:
         "Exported 3 rows (chat 2, rejected_only 0, tools 1) as specforge",
         "Left out 2 flagged rows (empty 1, truncated 2); --include-flagged keeps them",
         f"Path: {result.path}",
+        "2 of 3 rows have no system prompt; SpecForge templates such as qwen3-thinking add one in "
+        "training: pass --trainer-template NAME to check against yours",
         f"Train on it with SpecForge: data.train_data_path: {result.path} in the run config "
         f"(older scripts/train_eagle3.py: --train-data-path {result.path})",
         "Reasoning is in `reasoning_content`: use a thinking chat template (parser_type thinking, "
@@ -371,6 +374,34 @@ def test_summary_lines(run_dir: Path) -> None:
         f"Path: {hf.path}",
         f'Load it: datasets.load_from_disk("{hf.path}")',
     ]
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (
+            "qwen3-thinking",
+            "Warning: 2 of 3 rows (chat 1, tools 1) were generated without a system prompt, but SpecForge's "
+            "'qwen3-thinking' template adds 'You are a helpful assistant.' to them: the drafter would train "
+            "on a context the target never saw. Regenerate those categories with system_prompt set to that "
+            "text, or train with a template without a default system prompt.",
+        ),
+        ("deepseek-r1-distill", None),
+    ],
+)
+def test_summary_warns_when_the_trainer_template_adds_a_system_prompt(
+    run_dir: Path, template: str, expected: str | None
+) -> None:
+    lines = summary_lines(export_specforge(run_dir, trainer_template=template))
+    warnings = [line for line in lines if "system prompt" in line]
+    assert warnings == ([expected] if expected else [])
+
+
+def test_template_check_is_quiet_when_every_row_has_a_system_prompt_and_names_unknown_templates() -> None:
+    assert template_warning("qwen3-thinking", SystemPromptCheck({"chat": 0}, 5)) is None
+    assert unchecked_hint(SystemPromptCheck({}, 5)) is None
+    unknown = template_warning("my-template", SystemPromptCheck({"chat": 1}, 5))
+    assert unknown is not None and unknown.startswith("Warning: unknown SpecForge template 'my-template'")
 
 
 def _cli() -> typer.Typer:
@@ -420,7 +451,8 @@ def test_cli_push_failure_is_one_line_and_keeps_the_export(
     ("args", "message"),
     [
         (["--format", "specforge", "--push-to-hub", "org/d"], "use it with --format hf"),
-        (["--format", "hf", "--reasoning", "inline"], "--reasoning applies to --format specforge"),
+        (["--format", "hf", "--reasoning", "inline"], "--trainer-template apply to --format specforge"),
+        (["--format", "hf", "--trainer-template", "qwen"], "--trainer-template apply to --format specforge"),
         (["--format", "specforge", "--categories", "nope"], "unknown categories"),
     ],
 )
