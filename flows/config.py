@@ -185,6 +185,10 @@ class CategoryConfig(_Strict):
     send_tools: bool = Field(default=True, description="Send the prompt's tools with the request.")
     system_prompt: str | None = Field(default=None, description="Replaces the prompt's system message(s).")
     filters: dict[str, Any] = Field(default_factory=dict, description="Format-specific row filters.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="The format's column name -> the source's, e.g. {conversations = 'conversation'}.",
+    )
     quota: QuotaConfig | None = None
     limit: int | None = Field(default=None, gt=0, description="Take at most this many prompts.")
     generation: GenerationConfig = GenerationConfig()

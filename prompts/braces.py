@@ -73,14 +73,22 @@ def loads_object(text: str) -> dict[str, Any]:
 
 
 def extract_objects(text: str, start: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Parse consecutive whitespace-separated JSON objects from ``start``.
+    """Parse a run of JSON objects from ``start``, in every layout glaive pastes definitions in.
 
+    Objects may be separated by whitespace, by a comma, or both (``}\n\n{``, ``},\n{``), the last
+    one may carry a trailing comma, and the whole run may be wrapped in ``[ ]``: separators and
+    brackets are consumed, so none of them is left over as stray text for the caller.
     Returns the objects and the index where the run stopped (the first non-whitespace character
-    that does not open an object, or the end), so the caller can keep whatever text follows.
+    that does not continue it, or the end), so the caller can keep whatever text follows.
     An object that does not parse raises ``ScanError`` naming its 1-based position in the run.
     """
     objects: list[dict[str, Any]] = []
     pos = skip_whitespace(text, start)
+    # A "[" opens a list only when an object follows: prose such as "[Note] ..." is left alone.
+    inner = skip_whitespace(text, pos + 1)
+    bracketed = text[pos : pos + 1] == "[" and text[inner : inner + 1] == "{"
+    if bracketed:
+        pos = inner
     while text[pos : pos + 1] == "{":
         number = len(objects) + 1
         try:
@@ -89,6 +97,12 @@ def extract_objects(text: str, start: int = 0) -> tuple[list[dict[str, Any]], in
         except ScanError as exc:
             raise ScanError(f"object {number}: {exc}") from None
         pos = skip_whitespace(text, end)
+        if text[pos : pos + 1] == ",":
+            pos = skip_whitespace(text, pos + 1)
+    if bracketed:
+        if text[pos : pos + 1] != "]":
+            raise ScanError("list of objects without its closing ']'")
+        pos = skip_whitespace(text, pos + 1)
     return objects, pos
 
 

@@ -241,6 +241,18 @@ def _sharegpt_messages(turns: Any) -> list[Message]:
     for turn in turns:
         if not isinstance(turn, Mapping):
             raise ConversionError("conversation turn is not an object")
+        if "from" not in turn and "role" in turn:
+            # The OpenAI turn shape inside a ShareGPT list (SpecForge's processed data, many Hub sets).
+            message = _openai_message(turn, call_count)
+            new_ids = [c["id"] for c in message.get("tool_calls", ())]
+            call_count += len(new_ids)
+            pending_calls.extend(new_ids)
+            if message["role"] == "tool" and "tool_call_id" not in message and pending_calls:
+                message["tool_call_id"] = pending_calls.pop(0)
+            elif message["role"] == "tool" and message.get("tool_call_id") in pending_calls:
+                pending_calls.remove(message["tool_call_id"])
+            messages.append(message)
+            continue
         speaker = str(turn.get("from"))
         value = text_content(turn.get("value"))
         if speaker == _SHAREGPT_FUNCTION_CALL:
@@ -260,7 +272,8 @@ def _sharegpt_messages(turns: Any) -> list[Message]:
 
 @register("sharegpt")
 def convert_sharegpt(row: Mapping[str, Any]) -> Converted:
-    """ShareGPT rows: ``conversations`` (or ``conversation``) of ``{"from", "value"}`` turns.
+    """ShareGPT rows: ``conversations`` (or ``conversation``) of ``{"from", "value"}`` turns, or of
+    OpenAI ``{"role", "content"}`` turns (both shapes occur under the ShareGPT name on the Hub).
 
     A tool turn answers the oldest unanswered ``function_call`` (its ``tool_call_id``); an optional
     ``system`` column becomes the system prompt when the conversation has none.

@@ -96,7 +96,9 @@ def parse_system(system: str) -> tuple[str, list[ToolSchema] | None]:
     names = [tool["function"]["name"] for tool in tools]
     if len(set(names)) < len(names):
         raise ConversionError("duplicate function name")
-    remaining = "\n\n".join(part for part in (before.strip(), rest.strip()) if part)
+    # Text with no letter or digit (a stray "," or "]" from an unusual paste) is no instruction.
+    parts = (part.strip() for part in (before, rest))
+    remaining = "\n\n".join(part for part in parts if any(char.isalnum() for char in part))
     return remaining, tools or None
 
 

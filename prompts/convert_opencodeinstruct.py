@@ -13,17 +13,21 @@ Filtering and converting are separate steps: the pipeline applies ``OpenCodeInst
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prompts.errors import ConversionError
 from prompts.formats import Converted, register
 
 Row = Mapping[str, Any]
+
+JUDGEMENT_CRITERIA = ("requirement_conformance", "logical_correctness", "edge_case_consideration")
+"""The criteria OpenCodeInstruct's ``llm_judgement`` scores (1-5 each)."""
 
 
 def _as_float(value: Any) -> float | None:
@@ -74,6 +78,18 @@ class OpenCodeInstructFilter(BaseModel):
     min_average_test_score: float | None = Field(default=None, ge=0.0, le=1.0)
     require_all_tests_pass: bool = False
     min_llm_judgement: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("min_llm_judgement")
+    @classmethod
+    def _known_criteria(cls, value: dict[str, float]) -> dict[str, float]:
+        """A misspelt criterion would be missing from every row and so filter out every row: refuse it."""
+        unknown = sorted(set(value) - set(JUDGEMENT_CRITERIA))
+        if unknown:
+            guesses = [_closest_criterion(name) for name in unknown]
+            hints = "".join(f" (did you mean {g!r}?)" for g in guesses if g)
+            known = ", ".join(JUDGEMENT_CRITERIA)
+            raise ValueError(f"unknown criterion {', '.join(map(repr, unknown))}{hints}; known: {known}")
+        return value
 
     def reject_reason(self, row: Row) -> str | None:
         """Why ``row`` is filtered out (the first failing check, in a fixed order), or None to keep it.
@@ -134,6 +150,13 @@ class OpenCodeInstructFilter(BaseModel):
             if score < minimum:
                 return f"llm_judgement {criterion} below {minimum}"
         return None
+
+
+def _closest_criterion(name: str) -> str | None:
+    """The criterion a typo meant: one that contains it (``edge_case``), else the closest spelling."""
+    containing = [c for c in JUDGEMENT_CRITERIA if name and name in c]
+    close = containing or difflib.get_close_matches(name, JUDGEMENT_CRITERIA, n=1)
+    return close[0] if close else None
 
 
 def _allowed(column: str, value: Any, allowed: frozenset[str] | None) -> str | None:

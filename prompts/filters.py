@@ -38,5 +38,8 @@ def check_filters(fmt: str, options: Mapping[str, Any]) -> None:
     try:
         row_filter(fmt, options)
     except ValidationError as error:
-        problems = "; ".join(f"filters.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(
+            f"filters.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+            for e in error.errors()
+        )
         raise ValueError(problems) from None

@@ -20,6 +20,7 @@ from flows.report.export import (
     export_specforge,
     push_export,
 )
+from flows.report.trainer_templates import SystemPromptCheck, template_warning, unchecked_hint
 
 
 def _split_categories(value: str | None) -> tuple[str, ...] | None:
@@ -56,7 +57,19 @@ def summary_lines(result: ExportResult) -> list[str]:
     if tally.duplicates:
         lines.append(f"Skipped {tally.duplicates} repeated ids (rows written twice by racing processes)")
     lines.append(f"Path: {result.path}")
-    return lines + _usage(result)
+    return lines + _system_prompt_lines(result) + _usage(result)
+
+
+def _system_prompt_lines(result: ExportResult) -> list[str]:
+    """Whether the trainer's template would add a system prompt the target never saw (specforge only)."""
+    if result.format is not ExportFormat.SPECFORGE:
+        return []
+    check = SystemPromptCheck(dict(result.tally.without_system), result.tally.rows)
+    if result.trainer_template is None:
+        line = unchecked_hint(check)
+    else:
+        line = template_warning(result.trainer_template, check)
+    return [line] if line else []
 
 
 def _print(line: str) -> None:
@@ -85,6 +98,13 @@ ReasoningOption = Annotated[
         "thinking templates read), as <think>...</think> in the content (inline), or dropped (drop)."
     ),
 ]
+TrainerTemplate = Annotated[
+    str | None,
+    typer.Option(
+        help="specforge only: the SpecForge --chat-template you will train with (e.g. qwen3-thinking); "
+        "warns when it would add a system prompt to rows generated without one."
+    ),
+]
 PushToHub = Annotated[
     str | None,
     typer.Option(help="hf only: also push to this Hub dataset repo (token: HF_TOKEN or `hf auth login`)."),
@@ -99,18 +119,19 @@ def export(
     include_flagged: IncludeFlagged = False,
     categories: Categories = None,
     reasoning: ReasoningOption = None,
+    trainer_template: TrainerTemplate = None,
     push_to_hub: PushToHub = None,
     private: Private = False,
 ) -> None:
     """Export RUN_DIR's training rows (flagged rows left out) for a drafter trainer."""
     if fmt is ExportFormat.SPECFORGE and push_to_hub:
         fail("--push-to-hub pushes the HF dataset: use it with --format hf")
-    if fmt is ExportFormat.HF and reasoning is not None:
-        fail("--reasoning applies to --format specforge; hf keeps `reasoning_content` as a column")
+    if fmt is ExportFormat.HF and (reasoning is not None or trainer_template is not None):
+        fail("--reasoning and --trainer-template apply to --format specforge; hf keeps every column")
     selection = Selection(categories=_split_categories(categories), include_flagged=include_flagged)
     try:
         if fmt is ExportFormat.SPECFORGE:
-            result = export_specforge(run_dir, out, selection, reasoning or Reasoning.FIELD)
+            result = export_specforge(run_dir, out, selection, reasoning or Reasoning.FIELD, trainer_template)
         else:
             result = export_hf(run_dir, out, selection)
     except ExportError as error:

@@ -10,15 +10,18 @@ same run) is exported once.
 The SpecForge shape, checked against sgl-project/SpecForge (``specforge/data/preprocessing.py``,
 ``specforge/data/parse.py``, ``scripts/regenerate_train_data.py``, ``docs/basic_usage/data_preparation.md``):
 
-- one JSON object a line, ``{"id", "conversations": [{"role", "content", ...}], "tools"?}``, read with
-  ``load_dataset("json", ...)``. ``build_eagle3_dataset`` pops ``conversations``, ``id`` and ``tools``
-  and passes *every other top-level key* to the chat template as a keyword, so nothing else is written.
-- ``tools`` may be a JSON string (it is ``json.loads``-ed) and stays one here: parsed tool schemas of
-  different shapes would be merged by Arrow's JSON reader into one struct padded with nulls.
-- Messages keep ``role``, ``content``, ``tool_calls`` (``{"id", "type", "function": {"name",
-  "arguments"}}``, ``arguments`` a JSON string, which its ``_sanitize_message`` parses) and, for the
-  thinking parser, ``reasoning_content``. Tool messages keep ``tool_call_id`` and ``name`` in the
-  OpenAI shape (SpecForge drops them before templating; other readers use them).
+- one JSON object a line, ``{"id", "conversations": [{"role", "content", ...}], "tools"}``, read with
+  ``load_dataset("json", ...)`` (training) or ``Dataset.from_generator`` over the lines
+  (``prepare_hidden_states.py``). ``build_eagle3_dataset`` pops ``conversations``, ``id`` and ``tools``
+  and passes *every other top-level key* to the chat template as a keyword (``HarmonyParser.parse``
+  takes none and fails), so nothing else is written: no ``status``, no ``system_prompt``.
+- ``tools`` is on every row, a JSON string ("[]" when none; it is ``json.loads``-ed): parsed tool
+  schemas of different shapes would be merged by Arrow into one struct padded with nulls, and a
+  column present on only some rows is dropped or fails the offline loader.
+- Messages have the same keys everywhere (see ``specforge_message``): ``role``, ``content``,
+  ``reasoning_content`` (with ``field``), ``tool_calls`` (``{"id", "type", "function": {"name",
+  "arguments"}}``, ``arguments`` a JSON string, which its ``_sanitize_message`` parses),
+  ``tool_call_id`` and ``name`` (the thinking parser passes them to templates such as Kimi K2's).
 - Reasoning: SpecForge's own regeneration (``--reasoning save``) stores it as ``reasoning_content``
   beside a content free of ``<think>`` markers, and its ``ThinkingParser`` (chat templates with
   ``parser_type="thinking"``: qwen3-thinking, kimi-k2-thinking, deepseek...) hands that field to the
@@ -53,8 +56,7 @@ EXPORTS_DIR = "exports"
 BATCH_ROWS = 1024
 """Rows per parquet record batch: bounds memory whatever the shard size."""
 
-SPECFORGE_COLUMNS = ["id", "messages", "tools", "flags"]
-OPTIONAL_MESSAGE_KEYS = ("tool_calls", "tool_call_id", "name")
+SPECFORGE_COLUMNS = ["id", "category", "messages", "tools", "flags"]
 
 
 class ExportFormat(StrEnum):
@@ -91,6 +93,8 @@ class ExportTally:
     """A row with two flags counts under both."""
     left_out_rows: int = 0
     duplicates: int = 0
+    without_system: Counter[str] = field(default_factory=Counter)
+    """Exported rows per category whose conversation has no system turn (see ``trainer_templates``)."""
 
     @property
     def rows(self) -> int:
@@ -104,6 +108,7 @@ class ExportResult:
     tally: ExportTally
     categories: list[str]
     reasoning: Reasoning | None = None
+    trainer_template: str | None = None
 
 
 def default_out(run_dir: Path, fmt: ExportFormat) -> Path:
@@ -111,47 +116,54 @@ def default_out(run_dir: Path, fmt: ExportFormat) -> Path:
 
 
 # -- pure conversion --------------------------------------------------------------------------------
-def _without_none(mapping: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in mapping.items() if value is not None}
-
-
 def inline_reasoning(reasoning: str, content: str) -> str:
     """The Qwen3/DeepSeek-R1 rendering of a thought before the answer."""
     thought, answer = reasoning.strip("\n"), content.lstrip("\n")
     return f"<think>\n{thought}\n</think>\n\n{answer}"
 
 
-def specforge_message(message: dict[str, Any], reasoning: Reasoning) -> dict[str, Any]:
-    """One stored message in SpecForge's shape: null keys left out, content always a string.
+def _specforge_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call with every key a string ("" for a missing id, as SpecForge's sanitiser defaults it)."""
+    function = call.get("function") or {}
+    return {
+        "id": call.get("id") or "",
+        "type": call.get("type") or "function",
+        "function": {"name": function.get("name") or "", "arguments": function.get("arguments") or "{}"},
+    }
 
-    A null content (an assistant turn with only tool calls) becomes "": SpecForge coerces it the
-    same way, and a Jinja template would otherwise render the word "None".
+
+def specforge_message(message: dict[str, Any], reasoning: Reasoning) -> dict[str, Any]:
+    """One stored message in SpecForge's shape, with the SAME keys and value types on every message.
+
+    Why uniform: SpecForge's offline path (``Dataset.from_generator`` in ``prepare_hidden_states.py``)
+    fixes the Arrow schema from the first ~1,000 rows, so a later message with a key the first ones
+    lacked (``tool_calls`` after a run of plain chats) or a string where they had nulls fails the
+    whole load ("Couldn't cast array"). Missing values are therefore "" and ``tool_calls`` is ``[]``,
+    never absent or null; templates test them by truthiness, so "" and ``[]`` render like no value.
+    A null content (an assistant turn with only tool calls) becomes "", as SpecForge coerces it.
     """
     content = message.get("content") or ""
-    thought = message.get("reasoning_content")
+    thought = message.get("reasoning_content") or ""
     if thought and reasoning is Reasoning.INLINE:
         content = inline_reasoning(thought, content)
     out: dict[str, Any] = {"role": message["role"], "content": content}
-    if thought and reasoning is Reasoning.FIELD:
+    if reasoning is Reasoning.FIELD:
         out["reasoning_content"] = thought
-    for key in OPTIONAL_MESSAGE_KEYS:
-        if message.get(key) is not None:
-            out[key] = message[key]
-    if "tool_calls" in out:
-        out["tool_calls"] = [
-            _without_none({**call, "function": _without_none(call["function"])}) for call in out["tool_calls"]
-        ]
+    out["tool_calls"] = [_specforge_call(call) for call in message.get("tool_calls") or ()]
+    out["tool_call_id"] = message.get("tool_call_id") or ""
+    out["name"] = message.get("name") or ""
     return out
 
 
 def specforge_record(row: dict[str, Any], reasoning: Reasoning) -> dict[str, Any]:
-    record: dict[str, Any] = {
+    """``{"id", "conversations", "tools"}``: ``tools`` on every row ("[]" when none), because
+    SpecForge's loaders drop the column (or fail with ``KeyError: 'tools'``) when only some rows have it.
+    """
+    return {
         "id": row["id"],
         "conversations": [specforge_message(m, reasoning) for m in row["messages"] or []],
+        "tools": row.get("tools") or "[]",
     }
-    if row.get("tools"):
-        record["tools"] = row["tools"]
-    return record
 
 
 # -- reading the run --------------------------------------------------------------------------------
@@ -235,16 +247,33 @@ def export_specforge(
     out: Path | None = None,
     selection: Selection | None = None,
     reasoning: Reasoning = Reasoning.FIELD,
+    trainer_template: str | None = None,
 ) -> ExportResult:
+    """The rows as SpecForge JSONL; ``trainer_template`` (a SpecForge template name) is only recorded
+    in the result, so the summary can compare the rows' system prompts with what it will insert."""
     selection = selection or Selection()
     store = open_run(run_dir)
     categories = resolve_categories(store, selection.categories)
     path = out or default_out(run_dir, ExportFormat.SPECFORGE)
     tally = ExportTally()
     rows = iter_selected_rows(store, categories, selection, tally, SPECFORGE_COLUMNS)
-    lines = (json.dumps(specforge_record(row, reasoning), ensure_ascii=False) + "\n" for row in rows)
-    write_lines_atomically(lines, path)
-    return ExportResult(ExportFormat.SPECFORGE, path, tally, categories, reasoning=reasoning)
+
+    def lines() -> Iterator[str]:
+        for row in rows:
+            record = specforge_record(row, reasoning)
+            if not record["conversations"] or record["conversations"][0]["role"] != "system":
+                tally.without_system[row["category"]] += 1
+            yield json.dumps(record, ensure_ascii=False) + "\n"
+
+    write_lines_atomically(lines(), path)
+    return ExportResult(
+        ExportFormat.SPECFORGE,
+        path,
+        tally,
+        categories,
+        reasoning=reasoning,
+        trainer_template=trainer_template,
+    )
 
 
 def _build_dataset(rows: Iterator[dict[str, Any]], cache_dir: Path) -> Dataset:

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from flows.run.prompt_stream import Reject, category_items, take
+from flows.run.prompt_stream import MostlyRejected, Reject, category_items, take
 from flows.run.pump import RunAborted, pump_shard
 from flows.run.session import RunSession
 from prompts.records import PromptRecord
@@ -69,6 +69,9 @@ class Pipeline:
             while True:
                 try:
                     shard = await asyncio.to_thread(take, items, size)
+                except MostlyRejected as error:
+                    unreadable = SourceError(f"category {category}: {error}")
+                    break
                 except Exception as error:  # the shards already running still finish and are saved
                     unreadable = SourceError(f"category {category}: cannot read {run.config.source}: {error}")
                     break

@@ -28,6 +28,16 @@ from prompts.records import PromptRecord
 
 Rows = Iterable[tuple[int, dict[str, Any]]]
 
+EARLY_ROWS = 1000
+"""Rows that reach conversion before the category is judged for a wrong format or column names."""
+EARLY_REJECT_SHARE = 0.95
+"""A category whose first ``EARLY_ROWS`` rows are rejected at least this often is stopped."""
+
+
+class MostlyRejected(ValueError):
+    """Nearly every row of a category fails conversion: the format or the column names are wrong,
+    and going on would only write one reject per source row (millions on a large set)."""
+
 
 @dataclass
 class StreamCounts:
@@ -100,6 +110,8 @@ class CategoryStream:
 
     def convert(self, index: int, row: dict[str, Any]) -> PromptRecord | Reject | str:
         """A record, a conversion reject, or the reason a filter dropped the row."""
+        if self.category.columns:
+            row = {**row, **{want: row[have] for want, have in self.category.columns.items() if have in row}}
         if self.filter is not None and "__invalid__" not in row:
             reason = self.filter.reject_reason(row)
             if reason is not None:
@@ -179,6 +191,7 @@ def category_items(
                 continue
             seen_ids.add(rid)
             counts.rejected[item.row["reason"]] += 1
+            check_early_rejects(category, counts)
             if rid not in state.done_ids:
                 yield item
             continue
@@ -206,6 +219,19 @@ def category_items(
             continue
         counts.taken += 1
         yield item
+
+
+def check_early_rejects(category: CategoryConfig, counts: StreamCounts) -> None:
+    """Raise ``MostlyRejected`` once ``EARLY_ROWS`` rows reached conversion and nearly all failed."""
+    rejected = counts.rejected.total()
+    if counts.converted + rejected != EARLY_ROWS or rejected < EARLY_REJECT_SHARE * EARLY_ROWS:
+        return
+    reasons = "; ".join(f"{reason} ({n})" for reason, n in counts.rejected.most_common(3))
+    raise MostlyRejected(
+        f"{rejected} of the first {EARLY_ROWS} rows failed conversion as format {category.format!r} "
+        f"(first reasons: {reasons}); check the category's `format` and `columns` "
+        f"(`datagen prompts preview {category.name}` shows a few rows)"
+    )
 
 
 def take(items: Iterator[PromptRecord | Reject], size: int) -> list[PromptRecord | Reject]:

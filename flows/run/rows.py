@@ -40,6 +40,7 @@ def output_row(
         "prompt_hash": prompt_hash,
         "source": {"dataset": record.source.dataset, "split": record.source.split, "row": record.source.row},
         "messages": [normalize_message(m) for m in regenerated.messages],
+        "system_prompt": sent_system_prompt(record.messages),
         "tools": json.dumps(record.tools, ensure_ascii=False) if record.tools else None,
         "finish_reason": regenerated.finish_reason,
         "stop_reason": regenerated.stop_reason,
@@ -59,6 +60,20 @@ def output_row(
         "created_at": _now(),
         "flags": _flags(regenerated, record.tools),
     }
+
+
+def sent_system_prompt(messages: list[dict[str, Any]]) -> str:
+    """The system prompt the first request carried ("" when none), as the server's template saw it.
+
+    Recorded per row because a trainer re-renders the conversation with its own template, and some
+    templates insert a default system prompt where there is none: the row says what is true.
+    """
+    leading = []
+    for message in messages:
+        if message.get("role") != "system":
+            break
+        leading.append(message.get("content") or "")
+    return "\n\n".join(leading)
 
 
 def _flags(regenerated: Regenerated, tools: list[dict[str, Any]] | None) -> list[str]:

@@ -42,6 +42,7 @@ ROW_FEATURES = Features(
         "prompt_hash": Value("string"),
         "source": SOURCE,
         "messages": List(MESSAGE),
+        "system_prompt": Value("string"),
         "tools": Value("string"),
         "finish_reason": Value("string"),
         "stop_reason": Value("string"),

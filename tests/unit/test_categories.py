@@ -59,6 +59,15 @@ def test_unknown_category_and_bad_filters_name_the_key() -> None:
         parse_config(
             {**RUN, "categories": [{"name": "B2_opencodeinstruct", "filters": {"min_average_test_score": 7}}]}
         )
+    with pytest.raises(ConfigError, match=r"filters\.min_llm_judgement: unknown criterion 'edge_case'"):
+        parse_config(
+            {
+                **RUN,
+                "categories": [
+                    {"name": "B2_opencodeinstruct", "filters": {"min_llm_judgement": {"edge_case": 4}}}
+                ],
+            }
+        )
     with pytest.raises(ConfigError, match="takes no filters"):
         parse_config(
             {**RUN, "categories": [{"name": "c", "source": "x", "format": "sharegpt", "filters": {"a": 1}}]}

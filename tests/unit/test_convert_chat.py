@@ -132,6 +132,63 @@ def test_sharegpt_without_a_user_turn_is_rejected(turns: list[dict[str, Any]]) -
     assert excinfo.value.reason == "no user turn"
 
 
+def test_sharegpt_turns_in_role_content_shape_convert_like_from_value_turns() -> None:
+    from_value = {
+        "id": "s1",
+        "conversations": [
+            {"from": "system", "value": "Be brief."},
+            {"from": "human", "value": "Capital of Australia?"},
+            {"from": "gpt", "value": "Canberra."},
+            {"from": "human", "value": "Population?"},
+            {"from": "gpt", "value": "About 470,000."},
+        ],
+    }
+    role_content = {
+        "id": "s1",
+        "conversations": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Capital of Australia?"},
+            {"role": "assistant", "content": "Canberra."},
+            {"role": "user", "content": "Population?"},
+            {"role": "assistant", "content": "About 470,000."},
+        ],
+    }
+    expected = [
+        system("Be brief."),
+        user("Capital of Australia?"),
+        assistant("Canberra."),
+        user("Population?"),
+    ]
+    assert convert_sharegpt(from_value).messages == expected
+    assert convert_sharegpt(role_content) == convert_sharegpt(from_value)
+
+
+def test_sharegpt_role_content_tool_turns_keep_their_calls_and_pair_results() -> None:
+    call = {"type": "function", "function": {"name": "get_time", "arguments": {"city": "Oslo"}}}
+    row = {
+        "conversations": [
+            {"role": "user", "content": "Time in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "09:00"},
+            {"role": "user", "content": "Thanks, and now?"},
+        ]
+    }
+    messages = convert_sharegpt(row).messages
+    assert messages[1]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"city": "Oslo"}'}
+    assert messages[2] == {
+        "role": "tool",
+        "content": "09:00",
+        "tool_call_id": messages[1]["tool_calls"][0]["id"],
+    }
+
+
+def test_sharegpt_role_content_unknown_role_is_rejected_naming_it() -> None:
+    row = {"conversations": [{"role": "user", "content": "hi"}, {"role": "narrator", "content": "x"}]}
+    with pytest.raises(ConversionError) as excinfo:
+        convert_sharegpt(row)
+    assert excinfo.value.reason == "unknown role: narrator"
+
+
 def test_sharegpt_missing_conversations_is_rejected() -> None:
     with pytest.raises(ConversionError, match="no conversations list"):
         convert_sharegpt({"id": "x", "text": "hello"})

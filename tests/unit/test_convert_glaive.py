@@ -333,6 +333,67 @@ def test_bad_function_definitions_are_rejected(definitions: str, reason: str) ->
     assert reject(row(PREAMBLE + definitions, "USER: hi")) == reason
 
 
+# Three definitions pasted the ways glaive-function-calling-v2 pastes them. Indented multi-line JSON
+# as in the dataset, so separators sit next to newlines like the real rows.
+_TRIO = [
+    function("echo", "Echo text", EMPTY_SCHEMA),
+    LOCAL_TIME,
+    function(
+        "convert_currency",
+        "Convert an amount between currencies",
+        {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]},
+    ),
+]
+_TRIO_DEFS = [json.dumps(tool["function"], indent=4) for tool in _TRIO]
+_GLAIVE_LAYOUTS = {
+    "blank-line separated": "\n\n".join(_TRIO_DEFS) + "\n\n",
+    "comma separated": ",\n".join(_TRIO_DEFS),
+    "comma and blank line": ",\n\n".join(_TRIO_DEFS),
+    "trailing comma and blank lines": ",\n".join(_TRIO_DEFS) + ",\n\n\n",
+    "list in brackets": "[\n" + ",\n".join(_TRIO_DEFS) + "\n]\n",
+    "list in brackets, trailing comma": "[" + ",".join(_TRIO_DEFS) + ",]",
+}
+_CALL_THE_THIRD = (
+    "USER: How much is 100 dollars?\n"
+    'ASSISTANT: <functioncall> {"name": "convert_currency", "arguments": \'{"amount": 100}\'}\n'
+    "FUNCTION RESPONSE: 92 euros\n"
+    "ASSISTANT: About 92 euros."
+)
+
+
+@pytest.mark.parametrize("layout", sorted(_GLAIVE_LAYOUTS))
+def test_every_definition_layout_gives_every_function_and_no_stray_text(layout: str) -> None:
+    r = row(PREAMBLE + _GLAIVE_LAYOUTS[layout], _CALL_THE_THIRD)
+    converted = convert_glaive(r)
+    assert converted.tools == _TRIO
+    cid = call_id(r, 0)
+    assert converted.messages == [
+        user("How much is 100 dollars?"),
+        calls(None, (cid, "convert_currency", '{"amount": 100}')),
+        tool(cid, "convert_currency", "92 euros"),
+        assistant("About 92 euros."),
+    ]
+
+
+@pytest.mark.parametrize("layout", sorted(_GLAIVE_LAYOUTS))
+def test_prose_after_any_definition_layout_stays_the_system_prompt(layout: str) -> None:
+    system = PREAMBLE + _GLAIVE_LAYOUTS[layout] + "\nAlways answer in French."
+    converted = convert_glaive(row(system, "USER: hi\nASSISTANT: salut"))
+    assert converted.tools == _TRIO
+    assert converted.messages[0] == {"role": "system", "content": "Always answer in French."}
+
+
+def test_a_bracket_of_prose_is_not_taken_for_a_list() -> None:
+    converted = convert_glaive(row(PREAMBLE + ECHO_DEF + "\n[Note] Be brief.", "USER: hi"))
+    assert converted.tools == [ECHO]
+    assert converted.messages[0] == {"role": "system", "content": "[Note] Be brief."}
+
+
+def test_an_unclosed_list_of_definitions_is_rejected() -> None:
+    reason = reject(row(PREAMBLE + "[" + ECHO_DEF + ", Be brief.", "USER: hi"))
+    assert reason == "malformed function JSON: list of objects without its closing ']'"
+
+
 # --- chat transcript -----------------------------------------------------------------------------
 
 
@@ -556,6 +617,13 @@ def test_extract_objects_stops_at_the_first_non_object() -> None:
     objects, stop = extract_objects(text)
     assert objects == [{"a": 1}, {"b": {"c": 2}}]
     assert text[stop:] == 'trailing {"d": 3}'
+
+
+def test_extract_objects_consumes_commas_and_brackets_between_objects() -> None:
+    text = '[{"a": 1},\n\n {"b": 2},]  rest'
+    objects, stop = extract_objects(text)
+    assert objects == [{"a": 1}, {"b": 2}]
+    assert text[stop:] == "rest"
 
 
 def test_extract_objects_names_the_bad_object() -> None:

@@ -225,21 +225,24 @@ def test_tests_execution_status_parsing(value: Any, reason: str | None) -> None:
 @pytest.mark.parametrize(
     ("value", "reason"),
     [
-        ('{"correctness": {"score": 4}}', None),
-        ('{"correctness": 5}', None),
-        ('{"correctness": {"score": "4.5"}}', None),
-        ("{'correctness': {'score': 4}}", None),
-        ('{"correctness": {"score": 3}}', "llm_judgement correctness below 4.0"),
-        ('{"style": {"score": 5}}', "llm_judgement has no correctness score"),
-        ('{"correctness": {"score": "high"}}', "llm_judgement has no correctness score"),
-        ('{"correctness": {"justification": "ok"}}', "llm_judgement has no correctness score"),
+        ('{"logical_correctness": {"score": 4}}', None),
+        ('{"logical_correctness": 5}', None),
+        ('{"logical_correctness": {"score": "4.5"}}', None),
+        ("{'logical_correctness': {'score': 4}}", None),
+        ('{"logical_correctness": {"score": 3}}', "llm_judgement logical_correctness below 4.0"),
+        ('{"style": {"score": 5}}', "llm_judgement has no logical_correctness score"),
+        ('{"logical_correctness": {"score": "high"}}', "llm_judgement has no logical_correctness score"),
+        (
+            '{"logical_correctness": {"justification": "ok"}}',
+            "llm_judgement has no logical_correctness score",
+        ),
         ("[4]", "llm_judgement is not an object"),
         ("{not json", "llm_judgement is not an object"),
         (None, "llm_judgement is not an object"),
     ],
 )
 def test_llm_judgement_parsing(value: Any, reason: str | None) -> None:
-    row_filter = OpenCodeInstructFilter(min_llm_judgement={"correctness": 4})
+    row_filter = OpenCodeInstructFilter(min_llm_judgement={"logical_correctness": 4})
     assert row_filter.reject_reason(with_columns(llm_judgement=value)) == reason
 
 
@@ -254,11 +257,15 @@ def test_non_string_allow_list_values_are_rejected_not_crashed(value: Any) -> No
 
 def test_filter_loads_from_a_config_mapping() -> None:
     row_filter = OpenCodeInstructFilter.model_validate(
-        {"domains": ["generic"], "min_average_test_score": "0.5", "min_llm_judgement": {"correctness": "4"}}
+        {
+            "domains": ["generic"],
+            "min_average_test_score": "0.5",
+            "min_llm_judgement": {"logical_correctness": "4"},
+        }
     )
     assert row_filter.domains == frozenset({"generic"})
     assert row_filter.min_average_test_score == 0.5
-    assert row_filter.min_llm_judgement == {"correctness": 4.0}
+    assert row_filter.min_llm_judgement == {"logical_correctness": 4.0}
 
 
 @pytest.mark.parametrize(
@@ -268,3 +275,10 @@ def test_filter_loads_from_a_config_mapping() -> None:
 def test_filter_refuses_typos_and_out_of_range_scores(config: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         OpenCodeInstructFilter.model_validate(config)
+
+
+def test_a_misspelt_judgement_criterion_is_a_config_error_naming_the_right_one() -> None:
+    with pytest.raises(
+        ValidationError, match=r"unknown criterion 'edge_case' \(did you mean 'edge_case_consideration'\?\)"
+    ):
+        OpenCodeInstructFilter.model_validate({"min_llm_judgement": {"edge_case": 4}})

@@ -21,7 +21,9 @@ from flows.report.export import (
     export_specforge,
     push_export,
     specforge_message,
+    specforge_record,
 )
+from flows.report.trainer_templates import SystemPromptCheck, template_warning, unchecked_hint
 from flows.store.run_store import RunStore, shard_files
 from flows.store.schema import ROW_FEATURES, normalize_message
 
@@ -114,13 +116,25 @@ def _tmp_leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(".tmp-"))
 
 
+def _sf(role: str, content: str, **keys: Any) -> dict[str, Any]:
+    """An exported message: every key on every message ("" / [] when empty), reasoning as a field."""
+    return {
+        "role": role,
+        "content": content,
+        "reasoning_content": keys.get("reasoning_content", ""),
+        "tool_calls": keys.get("tool_calls", []),
+        "tool_call_id": keys.get("tool_call_id", ""),
+        "name": keys.get("name", ""),
+    }
+
+
 EXPECTED_T1 = {
     "id": "t1",
     "conversations": [
-        {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": "", "reasoning_content": "need the tool", "tool_calls": [CALL]},
-        {"role": "tool", "content": '{"temp": 20}', "tool_call_id": "call_1", "name": "get_weather"},
-        {"role": "assistant", "content": "20 C"},
+        _sf("user", "weather in Paris?"),
+        _sf("assistant", "", reasoning_content="need the tool", tool_calls=[CALL]),
+        _sf("tool", '{"temp": 20}', tool_call_id="call_1", name="get_weather"),
+        _sf("assistant", "20 C"),
     ],
     "tools": TOOLS_JSON,
 }
@@ -134,17 +148,16 @@ def test_specforge_default_writes_training_rows_with_reasoning_field(run_dir: Pa
         {
             "id": "a1",
             "conversations": [
-                {"role": "system", "content": "be brief"},
-                {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "hello", "reasoning_content": "greet"},
+                _sf("system", "be brief"),
+                _sf("user", "hi"),
+                _sf("assistant", "hello", reasoning_content="greet"),
             ],
+            "tools": "[]",
         },
         {
             "id": "a2",
-            "conversations": [
-                {"role": "user", "content": "2+2?"},
-                {"role": "assistant", "content": "4", "reasoning_content": "\nadd\n"},
-            ],
+            "conversations": [_sf("user", "2+2?"), _sf("assistant", "4", reasoning_content="\nadd\n")],
+            "tools": "[]",
         },
         EXPECTED_T1,
     ]
@@ -158,22 +171,27 @@ def test_specforge_default_writes_training_rows_with_reasoning_field(run_dir: Pa
 def test_specforge_line_is_plain_json_with_unicode_kept(run_dir: Path) -> None:
     path = export_specforge(run_dir, selection=Selection(categories=("chat",))).path
     first = path.read_text(encoding="utf-8").splitlines()[0]
+    empty = '"tool_calls": [], "tool_call_id": "", "name": ""'
     assert first == (
-        '{"id": "a1", "conversations": [{"role": "system", "content": "be brief"}, '
-        '{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", '
-        '"reasoning_content": "greet"}]}'
+        '{"id": "a1", "conversations": [{"role": "system", "content": "be brief", "reasoning_content": "", '
+        f'{empty}}}, {{"role": "user", "content": "hi", "reasoning_content": "", {empty}}}, '
+        f'{{"role": "assistant", "content": "hello", "reasoning_content": "greet", {empty}}}], '
+        '"tools": "[]"}'
     )
 
 
 def test_reasoning_inline_and_drop() -> None:
     message = normalize_message(_assistant("\n4", "\nadd\n"))
+    no_reasoning = {"tool_calls": [], "tool_call_id": "", "name": ""}
     assert specforge_message(message, Reasoning.INLINE) == {
         "role": "assistant",
         "content": "<think>\nadd\n</think>\n\n4",
+        **no_reasoning,
     }
-    assert specforge_message(message, Reasoning.DROP) == {"role": "assistant", "content": "\n4"}
+    dropped = {"role": "assistant", "content": "\n4", **no_reasoning}
+    assert specforge_message(message, Reasoning.DROP) == dropped
     plain = normalize_message(_assistant("4"))
-    assert specforge_message(plain, Reasoning.INLINE) == {"role": "assistant", "content": "4"}
+    assert specforge_message(plain, Reasoning.INLINE) == {"role": "assistant", "content": "4", **no_reasoning}
 
 
 def test_reasoning_inline_in_export(run_dir: Path) -> None:
@@ -185,16 +203,15 @@ def test_reasoning_inline_in_export(run_dir: Path) -> None:
         "role": "assistant",
         "content": "<think>\nneed the tool\n</think>\n\n",
         "tool_calls": [CALL],
+        "tool_call_id": "",
+        "name": "",
     }
 
 
-def test_tool_call_without_id_leaves_out_the_null() -> None:
+def test_tool_call_without_id_gets_an_empty_string_id() -> None:
     message = normalize_message(_assistant(None, calls=[{"function": {"name": "f", "arguments": "{}"}}]))
-    assert specforge_message(message, Reasoning.FIELD) == {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
-    }
+    call = {"id": "", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert specforge_message(message, Reasoning.FIELD) == _sf("assistant", "", tool_calls=[call])
 
 
 def test_include_flagged_and_category_selection(run_dir: Path, tmp_path: Path) -> None:
@@ -205,7 +222,7 @@ def test_include_flagged_and_category_selection(run_dir: Path, tmp_path: Path) -
     assert [line["id"] for line in _lines(out)] == ["t1", "t2"]
     assert _lines(out)[1] == {
         "id": "t2",
-        "conversations": [{"role": "user", "content": "x"}],
+        "conversations": [_sf("user", "x")],
         "tools": TOOLS_JSON,
     }
     assert result.tally.left_out_rows == 0
@@ -228,7 +245,7 @@ def test_repeated_id_in_a_category_is_exported_once(run_dir: Path) -> None:
     result = export_specforge(run_dir, selection=Selection(categories=("chat",)))
 
     assert [line["id"] for line in _lines(result.path)] == ["a1", "a2"]
-    assert _lines(result.path)[0]["conversations"][1] == {"role": "user", "content": "hi"}
+    assert _lines(result.path)[0]["conversations"][1] == _sf("user", "hi")
     assert result.tally.duplicates == 1
 
 
@@ -344,6 +361,8 @@ def test_summary_lines(run_dir: Path) -> None:
         "Exported 3 rows (chat 2, rejected_only 0, tools 1) as specforge",
         "Left out 2 flagged rows (empty 1, truncated 2); --include-flagged keeps them",
         f"Path: {result.path}",
+        "2 of 3 rows have no system prompt; SpecForge templates such as qwen3-thinking add one in "
+        "training: pass --trainer-template NAME to check against yours",
         f"Train on it with SpecForge: data.train_data_path: {result.path} in the run config "
         f"(older scripts/train_eagle3.py: --train-data-path {result.path})",
         "Reasoning is in `reasoning_content`: use a thinking chat template (parser_type thinking, "
@@ -355,6 +374,34 @@ def test_summary_lines(run_dir: Path) -> None:
         f"Path: {hf.path}",
         f'Load it: datasets.load_from_disk("{hf.path}")',
     ]
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (
+            "qwen3-thinking",
+            "Warning: 2 of 3 rows (chat 1, tools 1) were generated without a system prompt, but SpecForge's "
+            "'qwen3-thinking' template adds 'You are a helpful assistant.' to them: the drafter would train "
+            "on a context the target never saw. Regenerate those categories with system_prompt set to that "
+            "text, or train with a template without a default system prompt.",
+        ),
+        ("deepseek-r1-distill", None),
+    ],
+)
+def test_summary_warns_when_the_trainer_template_adds_a_system_prompt(
+    run_dir: Path, template: str, expected: str | None
+) -> None:
+    lines = summary_lines(export_specforge(run_dir, trainer_template=template))
+    warnings = [line for line in lines if "system prompt" in line]
+    assert warnings == ([expected] if expected else [])
+
+
+def test_template_check_is_quiet_when_every_row_has_a_system_prompt_and_names_unknown_templates() -> None:
+    assert template_warning("qwen3-thinking", SystemPromptCheck({"chat": 0}, 5)) is None
+    assert unchecked_hint(SystemPromptCheck({}, 5)) is None
+    unknown = template_warning("my-template", SystemPromptCheck({"chat": 1}, 5))
+    assert unknown is not None and unknown.startswith("Warning: unknown SpecForge template 'my-template'")
 
 
 def _cli() -> typer.Typer:
@@ -370,7 +417,9 @@ def test_cli_specforge_with_options(run_dir: Path, tmp_path: Path) -> None:
 
     assert result.exit_code == 0, result.output
     assert [line["id"] for line in _lines(out)] == ["a1", "a2", "a3", "t1", "t2"]
-    assert _lines(out)[0]["conversations"][2] == {"role": "assistant", "content": "hello"}
+    dropped = _sf("assistant", "hello")
+    del dropped["reasoning_content"]
+    assert _lines(out)[0]["conversations"][2] == dropped
     assert "Exported 5 rows (chat 3, tools 2) as specforge" in result.output
 
 
@@ -402,7 +451,8 @@ def test_cli_push_failure_is_one_line_and_keeps_the_export(
     ("args", "message"),
     [
         (["--format", "specforge", "--push-to-hub", "org/d"], "use it with --format hf"),
-        (["--format", "hf", "--reasoning", "inline"], "--reasoning applies to --format specforge"),
+        (["--format", "hf", "--reasoning", "inline"], "--trainer-template apply to --format specforge"),
+        (["--format", "hf", "--trainer-template", "qwen"], "--trainer-template apply to --format specforge"),
         (["--format", "specforge", "--categories", "nope"], "unknown categories"),
     ],
 )
@@ -432,6 +482,40 @@ def test_specforge_export_reads_back_with_specforges_json_loader(run_dir: Path, 
     loaded = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "c"))
 
     assert loaded["id"] == ["a1", "a2", "t1"]
-    assert loaded["tools"] == [None, None, TOOLS_JSON]
+    assert loaded["tools"] == ["[]", "[]", TOOLS_JSON]
     call = loaded[2]["conversations"][1]["tool_calls"][0]
     assert call["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def _offline_lines(path: Path):  # type: ignore[no-untyped-def]
+    """The rows as SpecForge's ``safe_conversations_generator`` yields them to ``Dataset.from_generator``
+    in ``prepare_hidden_states.py``: list/dict message values dumped to JSON strings, ``tools`` kept."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        conversations = [
+            {k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in m.items()}
+            for m in row["conversations"]
+        ]
+        yield {"conversations": conversations, **({"tools": row["tools"]} if "tools" in row else {})}
+
+
+@pytest.mark.parametrize("plain_first", [True, False])
+def test_mixed_rows_load_through_the_offline_generator_path(tmp_path: Path, plain_first: bool) -> None:
+    """More plain rows than one Arrow writer batch (1,000), then tool rows, and the other way round:
+    the schema fixed by the first batch must fit every later row, and ``tools`` must survive."""
+    plain = [specforge_record(r, Reasoning.FIELD) for r in CHAT_ROWS[:2]] * 600
+    tools = [specforge_record(TOOL_ROWS[0], Reasoning.FIELD)] * 3
+    path = tmp_path / "mixed.jsonl"
+    rows = plain + tools if plain_first else tools + plain
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    loaded = datasets.Dataset.from_generator(
+        _offline_lines, gen_kwargs={"path": path}, cache_dir=str(tmp_path / "cache")
+    )
+
+    assert len(loaded) == 1203
+    assert loaded.column_names == ["conversations", "tools"]
+    tool_row, plain_row = (loaded[-1], loaded[0]) if plain_first else (loaded[0], loaded[-1])
+    assert json.loads(tool_row["tools"]) == TOOLS
+    assert json.loads(tool_row["conversations"][1]["tool_calls"]) == [CALL]
+    assert json.loads(plain_row["tools"]) == []

@@ -414,3 +414,17 @@ def test_preview_exits_2_for_an_unknown_category_or_an_unreadable_source(tmp_pat
     assert _flat(broken.output).startswith(
         _flat(f"error: cannot read the source of mine: {bad_json} Expecting")
     )
+
+
+def test_a_category_a_run_would_stop_for_rejects_says_so() -> None:
+    category = CategoryConfig(name="sg", source="unused.jsonl", format="sharegpt")
+    rows = [{"id": f"r{i}", "dialogue": [{"role": "user", "content": f"q{i}"}]} for i in range(1200)]
+    report = build_preview(category, _opener(rows), rows_cap=2000, examples=0)
+    assert report.rejected == {"no conversations list": 1000}
+    assert report.notes == [
+        "a run would stop this category: 1000 of the first 1000 rows failed conversion as format 'sharegpt' "
+        "(first reasons: no conversations list (1000)); check the category's `format` and `columns` "
+        "(`datagen prompts preview sg` shows a few rows)"
+    ]
+    mapped = category.model_copy(update={"columns": {"conversations": "dialogue"}})
+    assert build_preview(mapped, _opener(rows), rows_cap=2000, examples=0).steps[2] == ("converted", 1200)

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import pytest
+
 from flows.config import CategoryConfig
-from flows.run.prompt_stream import Reject, StreamCounts, category_items, take
+from flows.run.prompt_stream import EARLY_ROWS, MostlyRejected, Reject, StreamCounts, category_items, take
 from flows.store.run_store import CategoryState
 from prompts.dedup import DedupIndex
 from prompts.records import PromptRecord
@@ -150,3 +152,47 @@ def test_system_prompt_override_and_tools_off() -> None:
     assert isinstance(record, PromptRecord)
     assert record.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     assert record.tools is None
+
+
+def _role_content_rows(n: int, column: str) -> list[tuple[int, dict]]:
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    return [(i, {"id": f"s{i}", column: [{**turns[0], "content": f"q{i}"}, turns[1]]}) for i in range(n)]
+
+
+def test_a_category_maps_column_names_to_the_formats() -> None:
+    sharegpt = CategoryConfig(
+        name="sg", source="unused.jsonl", format="sharegpt", columns={"conversations": "dialogue"}
+    )
+    items = list(
+        category_items(sharegpt, CategoryState(), StreamCounts(), rows=_role_content_rows(3, "dialogue"))
+    )
+    assert [(i.id, i.messages) for i in items if isinstance(i, PromptRecord)] == [
+        (f"s{n}", [{"role": "user", "content": f"q{n}"}]) for n in range(3)
+    ]
+
+
+def test_a_category_of_nearly_all_rejects_stops_after_the_first_rows_with_one_line() -> None:
+    wrong = CategoryConfig(name="sg", source="unused.jsonl", format="sharegpt")  # rows hold "dialogue"
+    counts = StreamCounts()
+    rows = _role_content_rows(5000, "dialogue")
+    with pytest.raises(MostlyRejected) as info:
+        take(category_items(wrong, CategoryState(), counts, rows=rows), 10_000)
+    assert counts.read == EARLY_ROWS
+    assert str(info.value) == (
+        "1000 of the first 1000 rows failed conversion as format 'sharegpt' (first reasons: "
+        "no conversations list (1000)); check the category's `format` and `columns` "
+        "(`datagen prompts preview sg` shows a few rows)"
+    )
+
+
+def test_a_category_with_many_rejects_below_the_share_runs_to_the_end() -> None:
+    bad = [(i, {"conversations": f"not a list {i}"}) for i in range(940)]  # 94% of the first 1000 rows
+    counts = StreamCounts()
+    sharegpt = CategoryConfig(name="sg", source="unused.jsonl", format="sharegpt")
+    items = take(
+        category_items(
+            sharegpt, CategoryState(), counts, rows=bad + _role_content_rows(2000, "conversations")
+        ),
+        10_000,
+    )
+    assert (counts.read, counts.rejected.total(), len(items)) == (2940, 940, 2940)

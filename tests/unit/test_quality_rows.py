@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
+
+import pytest
 
 from flows.client.responses import Generation, Usage
 from flows.client.sampling import SamplingParams
 from flows.run.quality import quality_flags
 from flows.run.regen import Regenerated
-from flows.run.rows import output_row, raw_row_id, reject_row
+from flows.run.rows import output_row, raw_row_id, reject_row, sent_system_prompt
 from prompts.records import PromptRecord, SourceRef
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -57,6 +60,7 @@ def test_output_row_follows_the_contract() -> None:
     assert row["stop_reason"] is None and row["requests"] == 1
     assert row["source"] == {"dataset": "ds", "split": "train", "row": 7}
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
+    assert row["system_prompt"] == ""
     assert row["messages"][1]["reasoning_content"] == "greet back"
     assert set(row["messages"][0]) == {
         "role",
@@ -124,3 +128,17 @@ def test_flags_cover_every_regenerated_turn_once() -> None:
     row = output_row(record, regenerated, SamplingParams(max_tokens=4), "http://x")
     assert row["flags"] == ["bad_tool_arguments", "truncated"]
     assert row["requests"] == 3 and row["stop_reason"] == "truncated"
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([{"role": "user", "content": "hi"}], ""),
+        ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], "Be brief."),
+        ([{"role": "system", "content": None}, {"role": "user", "content": "hi"}], ""),
+    ],
+)
+def test_the_row_records_the_system_prompt_that_was_sent(
+    messages: list[dict[str, Any]], expected: str
+) -> None:
+    assert sent_system_prompt(messages) == expected
