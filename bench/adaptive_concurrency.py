@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--max-running", type=int, default=64)
     parser.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
     parser.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the runs (data, timelines) here")
     args = parser.parse_args()
     settings = args.settings.split(",")
     budgets = [int(v) for v in args.max_tokens.split(",")]
@@ -215,7 +216,7 @@ def main() -> None:
                 order = settings[repeat % len(settings) :] + settings[: repeat % len(settings)]
                 for setting in order:
                     runs += 1
-                    run_dir = tmp / "runs" / f"r{runs}-{setting}"
+                    run_dir = (args.keep or tmp / "runs") / f"r{runs}-{setting}"
                     config = tmp / f"r{runs}.toml"
                     write_config(config, url, run_dir, sources, setting)
                     outcome = one_run(url, config, run_dir, per_category * len(budgets))
