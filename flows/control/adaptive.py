@@ -48,6 +48,9 @@ class LawSettings:
     min_queue: int = 2
     hysteresis: float = 0.05
     occupancy_alpha: float = 0.3
+    min_occupancy: float = 0.5
+    """Requests admitted one after another hold on average at least half of what they end with
+    (prompt + half the output): a lower reading is a batch that has only just started."""
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,8 @@ class AdaptiveLimit:
         binds = obs.in_flight >= current - 1 and obs.waiting > 0
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:
-            fast = usage is not None and usage < s.target_kv / 2
+            fast = usage is not None and usage < s.target_kv / 2  # far from full: slow start doubles
             grown = max(current + 1, math.floor(current * (2.0 if fast else s.grow)))
-            if fast and budget is not None:  # far from full: go straight to what the token budget allows
-                grown = max(grown, budget)
             if usage is not None and usage > 0.05:
                 grown = min(grown, max(current + 1, math.floor(current * s.target_kv / usage)))
             if budget is not None:
@@ -203,7 +204,7 @@ class AdaptiveLimit:
 
     def _learn_occupancy(self, obs: Observation) -> None:
         """KV tokens used per projected token, measured only while everything in flight is running."""
-        server = obs.server
+        s, server = self.settings, obs.server
         if (
             server is None
             or server.kv_usage is None
@@ -212,11 +213,12 @@ class AdaptiveLimit:
             or (server.queued or 0) > 0
             or obs.projected_tokens <= 0
             or server.running < 0.8 * obs.in_flight
+            or obs.completions_per_s <= 0
         ):
-            return
+            return  # only in a steady state: everything in flight runs, and answers are coming back
         ratio = server.kv_usage * server.capacity_tokens / obs.projected_tokens
-        ratio = min(max(ratio, 0.05), 1.5)
-        a = self.settings.occupancy_alpha
+        ratio = min(max(ratio, s.min_occupancy), 1.5)
+        a = s.occupancy_alpha
         self._occupancy = ratio if self._occupancy is None else (1 - a) * self._occupancy + a * ratio
 
     def _budget_limit(self, obs: Observation, allowance: int) -> int | None:

@@ -83,6 +83,32 @@ class Control:
         for controller in self.controllers:
             await controller.aclose()
 
+    def summary(self) -> dict[str, Any]:
+        """For the run report: the mode, and per endpoint what the law did and what polling cost."""
+        if not self.concurrency.adaptive:
+            return {"mode": "fixed", "limit": self.concurrency.limit, "endpoints": []}
+        endpoints = []
+        for controller in self.controllers:
+            rows = [r for r in self.timeline.rows if r["endpoint"] == controller.url]
+            limits = [r["limit"] for r in rows] or [controller.law.limit]
+            reads = controller.reader.reads
+            endpoints.append(
+                {
+                    "endpoint": controller.url,
+                    "final_limit": controller.law.limit,
+                    "min_limit": min(limits),
+                    "max_limit": max(limits),
+                    "decisions": len(rows),
+                    "changes": sum(r["limit"] != r["previous"] for r in rows),
+                    "back_offs": sum(r["reason"].startswith("back off") for r in rows),
+                    "retractions": sum(r["retractions"] for r in rows),
+                    "max_queued": max((r["queued"] or 0 for r in rows), default=0),
+                    "signal_reads": reads,
+                    "signal_read_ms": round(1000 * controller.reader.read_seconds / max(reads, 1), 2),
+                }
+            )
+        return {"mode": "adaptive", "endpoints": endpoints}
+
     def endpoints_view(self) -> list[dict[str, Any]]:
         """Per endpoint, for the live line and the Prefect artifact: limit, in flight, KV usage, queue."""
         view = []

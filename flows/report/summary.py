@@ -10,6 +10,8 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from flows.control.timeline import read_timeline
+from flows.report.plots import plot_controller
 from flows.report.status import RunStatus
 from flows.run.prompt_stream import StreamCounts
 from flows.store.run_store import write_json_atomically
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
 SUMMARY = "summary.json"
 REPORT = "report.md"
+CONTROLLER_PLOT = "controller.png"
 STEP_NAMES = [name for name, _ in StreamCounts().steps()]
 
 
@@ -73,6 +76,7 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
         "output_tokens_per_s": round(snap["completion_tokens"] / max(elapsed, 1e-9), 1),
         "rows_per_s": round(snap["rows"] / max(elapsed, 1e-9), 2),
         "server_restarts": sum(e.guard.restarts for e in session.pool.endpoints),
+        "concurrency": session.concurrency_summary(),
         "categories": categories,
     }
 
@@ -98,6 +102,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {category['name']} | " + " | ".join(str(v) for v in category["steps"].values()) + " |"
         )
+    lines += ["", *concurrency_markdown(summary.get("concurrency"))]
     lines += ["", "## Why rows were left out", ""]
     for category in summary["categories"]:
         reasons = {
@@ -126,9 +131,33 @@ def report_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
+    """What set the number of requests in flight, and what the adaptive controller did."""
+    if not concurrency:
+        return []
+    if concurrency["mode"] == "fixed":
+        return ["## Concurrency", "", f"Fixed: {concurrency['limit']} in flight per endpoint."]
+    lines = [
+        "## Concurrency (adaptive)",
+        "",
+        "| endpoint | final limit | range | decisions | changes | back-offs | retractions | max queued "
+        "| signal reads | ms/read |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in concurrency["endpoints"]:
+        lines.append(
+            f"| {e['endpoint']} | {e['final_limit']} | {e['min_limit']}-{e['max_limit']} | {e['decisions']} "
+            f"| {e['changes']} | {e['back_offs']} | {e['retractions']} | {e['max_queued']} "
+            f"| {e['signal_reads']} | {e['signal_read_ms']} |"
+        )
+    lines += ["", f"![controller timeline]({CONTROLLER_PLOT})"]
+    return lines
+
+
 def write_report(session: RunSession, status: RunStatus) -> dict[str, Any]:
     summary = run_summary(session, status)
     run_dir = session.store.run_dir
+    plot_controller(read_timeline(run_dir), run_dir / CONTROLLER_PLOT)
     write_json_atomically(summary, run_dir / SUMMARY)
     (run_dir / REPORT).write_text(report_markdown(summary), encoding="utf-8")
     (run_dir / "reports").mkdir(exist_ok=True)

@@ -87,6 +87,10 @@ class RunSession:
             raise RuntimeError("the session is not open: use `async with RunSession(...)`")
         return self._control
 
+    def concurrency_summary(self) -> dict[str, Any]:
+        """What the controller did (empty when the run stopped before its limiter was built)."""
+        return self._control.summary() if self._control is not None else {}
+
     @property
     def limiter(self) -> Limiter[Endpoint]:
         return self.control.limiter

@@ -31,6 +31,7 @@ from pipeline_support import (
     write_prompts,
 )
 
+from flows.control.timeline import read_timeline
 from sglang_launch.engine import LaunchedEngine
 from sglang_launch.launcher import free_port
 
@@ -203,3 +204,25 @@ def _serving_on(port: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_adaptive_run_against_real_sglang_finds_its_limit_without_flooding(
+    tmp_path: Path, sglang_url: str
+) -> None:
+    """No `[concurrency]` number: the controller reads SGLang's real /metrics and never floods its queue."""
+    config, good = _config(tmp_path, sglang_url, "realadaptive", 240, max_tokens=128)
+    config.write_text(config.read_text().replace("[concurrency]\nlimit = 32\n", ""))
+    proc = datagen("run", str(config), "--no-prefect")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out.decode()[-4000:]
+    check = check_run(tmp_path / "realadaptive")
+    assert check.corrupt_files == [] and check.duplicates == 0
+    assert len(check.row_ids) + len(check.reject_ids) == 240  # nothing lost
+    assert len(check.row_ids) == good - 2
+    timeline = read_timeline(tmp_path / "realadaptive")
+    assert len(timeline) >= 5
+    assert {row["source"] for row in timeline} == {"sglang-metrics"}
+    assert {row["capacity_tokens"] for row in timeline} == {4096}
+    assert max(row["limit"] for row in timeline) > 8  # grew from its cautious start
+    # 16 may run at once: the queue stays a short ready queue, never the hundreds a fixed 256 would leave
+    assert max(row["queued"] or 0 for row in timeline) <= 24, [row["queued"] for row in timeline]

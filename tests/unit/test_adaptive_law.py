@@ -137,11 +137,11 @@ def test_never_outside_its_bounds() -> None:
 def test_small_changes_inside_the_hysteresis_band_are_not_made() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
     # at 0.92 usage the learned budget is 100 x 0.90 / 0.92 + 2 = 99: within 5 % of 100, so no shrink
-    decision = law.observe(obs(1, server(0.92, 100), 100, rate=0.5))
+    decision = law.observe(obs(1, server(0.92, 100), 100, per_request=200, rate=0.5))
     assert decision.budget_limit == 99 and decision.limit == 100
     # at 0.97 it is 94: outside the band, so the limit follows it
     fresh = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
-    assert fresh.observe(obs(1, server(0.97, 100), 100, rate=0.5)).limit == 94
+    assert fresh.observe(obs(1, server(0.97, 100), 100, per_request=200, rate=0.5)).limit == 94
 
 
 def test_replaying_the_same_observations_gives_the_same_decisions() -> None:
@@ -151,3 +151,13 @@ def test_replaying_the_same_observations_gives_the_same_decisions() -> None:
     first = [a.observe(o) for o in timeline]
     second = [b.observe(o) for o in timeline]
     assert first == second
+
+
+def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> None:
+    """Right after admission the cache holds prompts only: that must not open the budget wide."""
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    first = law.observe(obs(1, server(0.03, 8), 8, per_request=1000, rate=0.0))
+    assert first.occupancy is None  # nothing came back yet: no steady state to learn from
+    assert first.limit == 16  # slow start doubles, it does not jump to a budget
+    second = law.observe(obs(2, server(0.05, 16), 16, per_request=1000, rate=1.0))
+    assert second.occupancy == 0.5  # clamped: requests hold at least half of what they end with

@@ -1,0 +1,52 @@
+"""The adaptive controller against the simulator's scheduler: no number picked, nothing lost, no flood."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline_support import check_run, write_config, write_prompts
+
+from flows.config import load_config
+from flows.control.timeline import read_timeline
+from flows.runner import execute
+from sglang_launch.simulator import SimConfig, SimulatorProcess
+
+KV_BOUND = {
+    "max_total_tokens": 16384,
+    "max_running_requests": 256,
+    "context_length": 4096,
+    "time_scale": 0.1,
+    "stream_interval_s": 0.05,
+    "log_level": "warning",
+    "stop_probability": 0.2,
+}
+
+
+async def test_a_config_without_a_number_runs_adaptive_fills_the_cache_and_never_floods(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 600, max_words=200)
+    config = write_config(
+        tmp_path / "run.toml", name="adaptive", output_dir=tmp_path, url="URL", source=source
+    )
+    text = config.read_text().replace("[concurrency]\nlimit = 64\n", "[concurrency]\npoll_s = 0.2\n")
+    text = text.replace("max_tokens = 64", "max_tokens = 256")
+    with SimulatorProcess(SimConfig(**KV_BOUND)) as sim:
+        config.write_text(text.replace("URL", sim.url))
+        cfg = load_config(config)
+        assert cfg.concurrency.adaptive
+        status = await execute(cfg, use_prefect=False)
+        stats = sim.stats()
+    check = check_run(tmp_path / "adaptive")
+    assert check.corrupt_files == [] and check.duplicates == 0
+    assert len(check.row_ids) == status.rows == 600
+    timeline = read_timeline(tmp_path / "adaptive")
+    assert len(timeline) >= 10
+    limits = [row["limit"] for row in timeline]
+    assert max(limits) > cfg.concurrency.initial_limit  # it found room and grew into it
+    assert max(row["kv_usage"] or 0.0 for row in timeline) >= 0.6  # and used the cache
+    queued = [row["queued"] or 0 for row in timeline]
+    assert max(queued) <= 40, queued  # a fixed 256 would queue hundreds here
+    assert {row["source"] for row in timeline} == {"sglang-metrics"}
+    assert stats["retractions"] <= 600 // 100, stats
