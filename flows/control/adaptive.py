@@ -9,21 +9,26 @@ The rules, checked in this order each tick (about once a second):
 1. Endpoint down: hold (the guard already closes the lane). When it comes back, or a server counter
    goes backwards or its KV capacity changes (a restart), start again cautiously.
 2. A retraction / preemption since the last tick, or KV usage >= ``kv_full``: the server took more
-   than it can hold and is recomputing work. Back off multiplicatively below what is in flight and
-   hold growth for ``hold_s``.
+   than it can hold and is recomputing work. Back off multiplicatively below what is in flight,
+   hold growth for ``hold_s``, and remember the new limit as a ceiling (TCP's ssthresh): above it
+   the law probes one request a tick instead of doubling.
 3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
-   expected output. ``occupancy`` (learned: KV tokens actually used per projected token, while
-   everything in flight runs) turns that into the KV demand the server will see. If the projected
-   demand of ``limit`` requests exceeds ``target_kv`` of the pool, shrink to what fits. This reacts
-   to a shift towards longer answers before the gauges show it.
-4. A long server queue (more than the ready-queue allowance): the server admits fewer than we send
-   (its own admission rule or ``--max-running-requests``); trim to running + allowance.
+   expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
+   running, remembered at its peak with a slow decay) turns that into the KV demand the server will
+   see. If ``limit`` requests of the current mix need more than ``target_kv`` of the pool, shrink to
+   what fits. This reacts to a shift towards longer answers before the gauges show it.
+4. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
+   send (its admission rule or ``--max-running-requests``); trim to running + allowance.
 5. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
-   and prompts waiting): grow multiplicatively, at most ``grow`` per tick, towards the token budget.
-6. Otherwise hold. A change smaller than the hysteresis band is not made.
+   and prompts waiting): grow (doubling while the cache is less than half the target, then by
+   ``grow``), never past the token budget.
+6. Otherwise hold. The budget shrinks the limit only when it is below it by more than the
+   hysteresis band, so a noisy projection does not make the limit flap.
 
 The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
-~40 decode steps): enough queued requests to refill the batch until the next reading.
+~40 decode steps), at most an eighth of what is in flight: enough queued requests to refill the
+batch until the next reading, and no more, because SGLang admits from its queue by its own bolder
+estimate and a long queue is how a server over-admits and then retracts.
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ class LawSettings:
     staleness_s: float = 2.0
     min_queue: int = 2
     hysteresis: float = 0.05
-    occupancy_alpha: float = 0.3
+    occupancy_half_life_s: float = 120.0
+    """The budget uses the highest occupancy seen, decaying with this half-life: requests that started
+    together finish together, and the cache must hold the peak of such a wave, not its average."""
     min_occupancy: float = 0.5
     """Requests admitted one after another hold on average at least half of what they end with
     (prompt + half the output): a lower reading is a batch that has only just started."""
@@ -95,6 +102,9 @@ class AdaptiveLimit:
     _last_capacity: int | None = None
     _hold_until: float = -math.inf
     _occupancy: float | None = None
+    _occupancy_at: float | None = None
+    _ceiling: float = math.inf
+    """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
     _was_down: bool = False
 
     def __post_init__(self) -> None:
@@ -116,11 +126,7 @@ class AdaptiveLimit:
         current = self._limit
         target, reason = self._target(obs, retractions, restarted, budget, allowance)
         target = _clamp(target, s.min_limit, s.max_limit)
-        if target != current and (
-            reason.startswith(("back off", "restart", "over budget", "trim"))
-            or abs(target - current) >= max(1, s.hysteresis * current)
-        ):
-            self._limit = target
+        self._limit = target
         return Decision(
             at=obs.at,
             limit=self._limit,
@@ -148,12 +154,15 @@ class AdaptiveLimit:
             return current, "endpoint down"
         if restarted:
             self._hold_until = obs.at + s.hold_s
+            self._ceiling = math.inf
             return min(current, s.initial_limit), "restart detected: cautious start"
         usage = server.kv_usage if server else None
         if retractions or (usage is not None and usage >= s.kv_full):
             self._hold_until = obs.at + s.hold_s
             why = f"{retractions} retraction(s)" if retractions else f"KV usage {usage:.2f}"
-            return math.floor(min(current, max(obs.in_flight, 1)) * s.backoff), f"back off: {why}"
+            backed = math.floor(min(current, max(obs.in_flight, 1)) * s.backoff)
+            self._ceiling = max(backed, s.min_limit)
+            return backed, f"back off: {why}"
         if budget is not None and budget < current * (1 - s.hysteresis):
             return budget, f"over budget: projected KV demand fits {budget}"
         queued = server.queued if server else None
@@ -164,6 +173,10 @@ class AdaptiveLimit:
         if binds and room and obs.at >= self._hold_until:
             fast = usage is not None and usage < s.target_kv / 2  # far from full: slow start doubles
             grown = max(current + 1, math.floor(current * (2.0 if fast else s.grow)))
+            if grown > self._ceiling:  # past the last back-off: probe one request at a time
+                grown = (
+                    max(current + 1, math.floor(self._ceiling)) if current < self._ceiling else current + 1
+                )
             if usage is not None and usage > 0.05:
                 grown = min(grown, max(current + 1, math.floor(current * s.target_kv / usage)))
             if budget is not None:
@@ -203,23 +216,31 @@ class AdaptiveLimit:
         return came_back or counter_back or resized
 
     def _learn_occupancy(self, obs: Observation) -> None:
-        """KV tokens used per projected token, measured only while everything in flight is running."""
+        """KV tokens used per projected token of the requests running, remembered at its peak.
+
+        Read only once answers come back (right after admission the cache holds prompts only), never
+        below ``min_occupancy``; the peak decays slowly (``occupancy_half_life_s``), so one wave that
+        filled the cache keeps the budget honest for minutes, not forever.
+        """
         s, server = self.settings, obs.server
+        if self._occupancy is not None and self._occupancy_at is not None:
+            self._occupancy *= 0.5 ** ((obs.at - self._occupancy_at) / s.occupancy_half_life_s)
+            self._occupancy = max(self._occupancy, s.min_occupancy)
+        self._occupancy_at = obs.at
         if (
             server is None
             or server.kv_usage is None
             or server.capacity_tokens is None
             or not server.running
-            or (server.queued or 0) > 0
+            or obs.in_flight <= 0
             or obs.projected_tokens <= 0
-            or server.running < 0.8 * obs.in_flight
             or obs.completions_per_s <= 0
         ):
-            return  # only in a steady state: everything in flight runs, and answers are coming back
-        ratio = server.kv_usage * server.capacity_tokens / obs.projected_tokens
+            return
+        per_request = obs.projected_tokens / obs.in_flight
+        ratio = server.kv_usage * server.capacity_tokens / (per_request * min(server.running, obs.in_flight))
         ratio = min(max(ratio, s.min_occupancy), 1.5)
-        a = s.occupancy_alpha
-        self._occupancy = ratio if self._occupancy is None else (1 - a) * self._occupancy + a * ratio
+        self._occupancy = ratio if self._occupancy is None else max(self._occupancy, ratio)
 
     def _budget_limit(self, obs: Observation, allowance: int) -> int | None:
         """How many requests of the current mix fit in ``target_kv`` of the pool, plus the ready queue."""
@@ -232,7 +253,14 @@ class AdaptiveLimit:
         return math.floor(self.settings.target_kv * server.capacity_tokens / per_request) + allowance
 
     def _queue_allowance(self, obs: Observation) -> int:
-        return max(self.settings.min_queue, math.ceil(obs.completions_per_s * self.settings.staleness_s))
+        """Completions until the next fresh reading, at most an eighth of what is in flight.
+
+        SGLang admits from its queue by its own estimate (which grows bolder as it decodes), so a long
+        queue is how a server over-admits and then retracts.
+        """
+        s = self.settings
+        wanted = math.ceil(obs.completions_per_s * s.staleness_s)
+        return max(s.min_queue, min(wanted, obs.in_flight // 8))
 
 
 def _clamp(value: int, low: int, high: int) -> int:
