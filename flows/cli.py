@@ -43,6 +43,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
     from flows.errors import RequestError
     from flows.pipeline import SourceError
+    from flows.prefect_link import PrefectUnavailable
     from flows.pump import RunAborted
     from sglang_launch.launcher import StartupFailed
 
@@ -57,6 +58,8 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"{error}. Server logs: the run directory's server-logs/ (see `datagen diagnose`).", 4)
     except RunAborted as error:
         fail(f"the run stopped: {error}. Rows finished so far are saved; fix it and rerun to resume.", 3)
+    except PrefectUnavailable as error:
+        fail(str(error), 3)
     except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
         fail(f"cannot use the endpoint: {error}", 3)
     except KeyboardInterrupt:

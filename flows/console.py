@@ -118,3 +118,8 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
         "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`, "
         "or `datagen export` the training split)"
     )
+
+
+def warn(message: str) -> None:
+    """One readable warning line: the run goes on."""
+    console.print(f"[bold yellow]warning:[/] {escape(message)}")

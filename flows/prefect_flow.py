@@ -19,12 +19,16 @@ from prefect.artifacts import acreate_markdown_artifact, acreate_progress_artifa
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import SESSIONS, ShardRunner, register, run_categories, run_category, run_shard
+from flows.prefect_link import PrefectLink, discard_prefect_backlog, orchestrated, track
 from flows.session import RunSession
 from flows.status import progress_fraction, progress_markdown
 
 ARTIFACT_EVERY_S = 5.0
 TABLE_EVERY_TICKS = 6
 log = logging.getLogger(__name__)
+
+LINKS: dict[str, PrefectLink] = {}
+"""The Prefect link of each live session, by session key."""
 
 
 @task(name="shard", cache_policy=NO_CACHE, persist_result=False, task_run_name="{category}-shard-{index}")
@@ -33,11 +37,20 @@ async def shard_task(session_key: str, category: str, index: int) -> None:
 
 
 @flow(name="category", flow_run_name="{category}", persist_result=False, validate_parameters=False)
-async def category_flow(session_key: str, category: str) -> None:
-    await run_category(session_key, category, cast(ShardRunner, shard_task))
+async def category_flow(session_key: str, category: str, unit_key: str) -> None:
+    await track(unit_key, run_category(session_key, category, cast(ShardRunner, shard_task)))
 
 
-async def _artifact_loop(session: RunSession) -> None:
+async def _category(session_key: str, category: str) -> None:
+    """A category as a Prefect subflow, or without Prefect once its API is gone."""
+    await orchestrated(
+        LINKS.get(session_key),
+        lambda unit: category_flow(session_key, category, unit),
+        lambda: run_category(session_key, category, run_shard),
+    )
+
+
+async def _artifact_loop(session: RunSession, link: PrefectLink | None) -> None:
     """Progress in the Prefect UI every few seconds, and the live counts table every half minute.
 
     Not per request: artifacts are API writes. A failed write (the API restarting) is logged and
@@ -46,6 +59,9 @@ async def _artifact_loop(session: RunSession) -> None:
     progress_id: UUID | None = None
     key = _key(session)
     for tick in itertools.count():
+        if link is not None and link.down:  # said once already; try again when it answers
+            await asyncio.sleep(ARTIFACT_EVERY_S)
+            continue
         try:
             fraction = progress_fraction(session)
             percent = round(100.0 * fraction, 1) if fraction is not None else 0.0
@@ -73,24 +89,42 @@ def _key(session: RunSession) -> str:
 
 
 @flow(name="datagen", flow_run_name="{run_name}", persist_result=False, validate_parameters=False)
-async def datagen_flow(run_name: str, session_key: str) -> dict[str, Any]:
+async def datagen_flow(run_name: str, session_key: str, unit_key: str) -> dict[str, Any]:
     session = SESSIONS[session_key]
-    updater = asyncio.create_task(_artifact_loop(session))
+    link = LINKS.get(session_key)
+    updater = asyncio.create_task(_artifact_loop(session, link))
     try:
-        await run_categories(session_key, category_flow)
+        await track(unit_key, run_categories(session_key, _category))
     finally:
         updater.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await updater
-    await acreate_markdown_artifact(
-        markdown=progress_markdown(session), key=f"{_key(session)}-summary", description="run summary"
-    )
+    if link is None or not link.down:
+        try:
+            await acreate_markdown_artifact(
+                markdown=progress_markdown(session), key=f"{_key(session)}-summary", description="run summary"
+            )
+        except Exception:
+            log.warning("could not write the summary artifact", exc_info=True)
     return session.snapshot()
 
 
-async def run_with_prefect(session: RunSession) -> None:
+async def run_with_prefect(session: RunSession, link: PrefectLink) -> None:
+    """The run as a Prefect flow run; if Prefect fails around it, the data path goes on without."""
     key = register(session)
+    LINKS[key] = link
+    watcher = asyncio.create_task(link.watch())
     try:
-        await datagen_flow(run_name=session.config.run.name, session_key=key)
+        await orchestrated(
+            link,
+            lambda unit: datagen_flow(run_name=session.config.run.name, session_key=key, unit_key=unit),
+            lambda: run_categories(key, lambda k, name: run_category(k, name, run_shard)),
+        )
     finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        LINKS.pop(key, None)
         SESSIONS.pop(key, None)
+        if link.down:  # undeliverable: Prefect would retry each at exit, for minutes
+            discard_prefect_backlog()

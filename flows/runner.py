@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from flows.config import RunConfig, parse_config
-from flows.console import LiveProgress, print_summary
+from flows.console import LiveProgress, print_summary, warn
 from flows.pipeline import run_plain
+from flows.prefect_link import PrefectLink, open_link, prefect_env_defaults
 from flows.report import write_report
 from flows.session import ConfigProblem, RunSession
 from flows.status import RunStatus, expected_prompts, run_status
@@ -32,6 +33,7 @@ def configure(verbose: bool) -> None:
     """Quiet, structured logs by default; must run before Prefect is imported (it reads env at import)."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    prefect_env_defaults()
     level = "INFO" if verbose else "WARNING"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", level)
     logging.basicConfig(
@@ -53,6 +55,7 @@ async def execute(
     missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
     if missing:
         raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
+    link: PrefectLink | None = await open_link(warn) if use_prefect else None  # before anything is spent
     session = RunSession(config, force=force)
     progress = LiveProgress(expected_prompts(config)) if show_progress else None
     if progress is not None:
@@ -62,10 +65,10 @@ async def execute(
             if progress is not None:
                 progress.__enter__()
             try:
-                if use_prefect:
+                if link is not None:
                     from flows.prefect_flow import run_with_prefect
 
-                    await run_with_prefect(session)
+                    await run_with_prefect(session, link)
                 else:
                     await run_plain(session)
             finally:
