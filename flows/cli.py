@@ -15,6 +15,7 @@ import typer
 from flows import export_cli, prompts_cli
 from flows.config import ConfigError, load_config
 from flows.console import console, fail, print_status
+from flows.run_lock import RunLocked
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
 from flows.session import ConfigProblem
 from flows.status import run_status, status_document
@@ -50,7 +51,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(make())
-    except (ConfigError, ConfigProblem, FingerprintMismatch) as error:
+    except (ConfigError, ConfigProblem, FingerprintMismatch, RunLocked) as error:
         fail(str(error))
     except SourceError as error:
         fail(f"{error}. Rows of the other categories are saved; fix the source and rerun to resume.")

@@ -18,6 +18,7 @@ from flows.console import LiveProgress, print_summary, warn
 from flows.pipeline import run_plain
 from flows.prefect_link import PrefectLink, open_link, prefect_env_defaults
 from flows.report import write_report
+from flows.run_lock import RunLock
 from flows.session import ConfigProblem, RunSession
 from flows.status import RunStatus, expected_prompts, run_status
 from prompts.readers import missing_local
@@ -55,7 +56,14 @@ async def execute(
     missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
     if missing:
         raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
-    link: PrefectLink | None = await open_link(warn) if use_prefect else None  # before anything is spent
+    with RunLock(config.run_dir):  # one orchestrator per run directory, refused before anything starts
+        link: PrefectLink | None = await open_link(warn) if use_prefect else None
+        return await _run_session(config, link, force=force, show_progress=show_progress)
+
+
+async def _run_session(
+    config: RunConfig, link: PrefectLink | None, *, force: bool, show_progress: bool
+) -> RunStatus:
     session = RunSession(config, force=force)
     progress = LiveProgress(expected_prompts(config)) if show_progress else None
     if progress is not None:

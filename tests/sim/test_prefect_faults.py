@@ -61,7 +61,7 @@ def test_a_temporary_server_that_will_not_start_is_one_line_and_exit_3(tmp_path:
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "temporary API server did not start (2 tries" in lines[0]
     assert "--no-prefect" in lines[0] and "PREFECT_API_URL" in lines[0]
-    assert not (tmp_path / "nop").exists()  # nothing was started or written
+    assert not (tmp_path / "nop" / "manifest.json").exists()  # nothing was started or written
 
 
 def test_a_configured_api_that_is_down_says_so_once_and_the_run_completes(tmp_path: Path) -> None:
