@@ -146,7 +146,7 @@ def one_run(url: str, config: Path, run_dir: Path, requests: int) -> Outcome:
     poller.start()
     started = time.monotonic()
     result = subprocess.run(
-        ["taskset", "-c", "1", sys.executable, "-m", "flows.cli.main", "run", str(config), "--no-prefect"],
+        ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"],
         capture_output=True,
         check=False,
     )

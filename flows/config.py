@@ -33,7 +33,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 def _safe_name(value: str) -> str:
     """Names become folder names: no slashes, no dots first, nothing a shell would trip on."""
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):  # fullmatch: `$` alone would let a trailing newline through
         raise ValueError("use letters, digits, '_', '-' or '.', starting with a letter or digit")
     return value
 

@@ -14,13 +14,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flows.config import RunConfig, parse_config
+from flows.prefect_link import PrefectLink, open_link, prefect_env_defaults
 from flows.report.status import RunStatus, expected_prompts, run_status
 from flows.report.summary import write_report
 from flows.run.endpoints import ConfigProblem
 from flows.run.pipeline import Pipeline
 from flows.run.session import RunSession
+from flows.store.run_lock import RunLock
 from prompts.readers import missing_local
 from sglang_launch.simulator import SimConfig
+
+log = logging.getLogger(__name__)
 
 QUIET_ENV = {
     "DO_NOT_TRACK": "1",
@@ -32,6 +36,7 @@ def configure(verbose: bool) -> None:
     """Quiet, structured logs by default; must run before Prefect is imported (it reads env at import)."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    prefect_env_defaults()
     level = "INFO" if verbose else "WARNING"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", level)
     logging.basicConfig(
@@ -53,6 +58,9 @@ class RunDisplay(Protocol):
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None: ...
 
+    def warn(self, message: str) -> None:
+        """One line the person should read; the run goes on."""
+
 
 async def execute(
     config: RunConfig,
@@ -65,6 +73,15 @@ async def execute(
     missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
     if missing:
         raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
+    with RunLock(config.run_dir):  # one orchestrator per run directory, refused before anything starts
+        say = display.warn if display is not None else log.warning
+        link: PrefectLink | None = await open_link(say) if use_prefect else None
+        return await _run_session(config, link, force=force, display=display)
+
+
+async def _run_session(
+    config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None
+) -> RunStatus:
     session = RunSession(config, force=force)
     if display is not None:
         session.reporters.append(display.update)
@@ -73,10 +90,10 @@ async def execute(
             if display is not None:
                 display.start(expected_prompts(config))
             try:
-                if use_prefect:
+                if link is not None:
                     from flows.prefect_flow import run_with_prefect
 
-                    await run_with_prefect(session)
+                    await run_with_prefect(session, link)
                 else:
                     await Pipeline(session).run_plain()
             finally:

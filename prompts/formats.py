@@ -16,6 +16,7 @@ from typing import Any
 
 from prompts.errors import ConversionError
 from prompts.records import Message, PromptRecord, SourceRef, ToolSchema, stable_id
+from prompts.validate import check_tools
 
 INVALID_KEY = "__invalid__"
 """Key of the marker row a reader yields for an unparsable input line (value: where and why)."""
@@ -93,6 +94,7 @@ def to_record(
     if INVALID_KEY in row:
         raise ConversionError(f"invalid input: {row[INVALID_KEY]}")
     converted = get_converter(fmt)(row)
+    check_tools(converted.tools)
     return PromptRecord(
         id=stable_id(converted.source_id, converted.messages, converted.tools),
         category=category,

@@ -97,7 +97,7 @@ def check_run(run_dir: Path) -> RunCheck:
 def datagen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start `datagen ARGS` in its own process group (so a kill -9 takes its children too)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli.main", *args],
+        [sys.executable, "-m", "flows.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,

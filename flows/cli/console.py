@@ -58,6 +58,9 @@ class LiveProgress:
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)
 
+    def warn(self, message: str) -> None:
+        warn(message)
+
 
 def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:
     """``in flight/limit``, KV usage and server queue of an endpoint (its URL only when there are several)."""
@@ -132,3 +135,8 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
         "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`, "
         "or `datagen export` the training split)"
     )
+
+
+def warn(message: str) -> None:
+    """One readable warning line: the run goes on."""
+    console.print(f"[bold yellow]warning:[/] {escape(message)}")

@@ -21,6 +21,7 @@ from flows.config import ConfigError, load_config
 from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
+from flows.store.run_lock import RunLocked
 from flows.store.run_store import FingerprintMismatch
 
 app = typer.Typer(
@@ -43,6 +44,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
     from flows.client.errors import RequestError
+    from flows.prefect_link import PrefectUnavailable
     from flows.run.pipeline import SourceError
     from flows.run.pump import RunAborted
     from sglang_launch.launcher import StartupFailed
@@ -50,7 +52,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(make())
-    except (ConfigError, ConfigProblem, FingerprintMismatch) as error:
+    except (ConfigError, ConfigProblem, FingerprintMismatch, RunLocked) as error:
         fail(str(error))
     except SourceError as error:
         fail(f"{error}. Rows of the other categories are saved; fix the source and rerun to resume.")
@@ -58,6 +60,8 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"{error}. Server logs: the run directory's server-logs/ (see `datagen diagnose`).", 4)
     except RunAborted as error:
         fail(f"the run stopped: {error}. Rows finished so far are saved; fix it and rerun to resume.", 3)
+    except PrefectUnavailable as error:
+        fail(str(error), 3)
     except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
         fail(f"cannot use the endpoint: {error}", 3)
     except KeyboardInterrupt:

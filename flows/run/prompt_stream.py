@@ -27,6 +27,7 @@ from prompts.readers import dataset_label, iter_rows
 from prompts.records import PromptRecord
 
 Rows = Iterable[tuple[int, dict[str, Any]]]
+MAX_UNEXPECTED_REASON = 200
 
 EARLY_ROWS = 1000
 """Rows that reach conversion before the category is judged for a wrong format or column names."""
@@ -109,15 +110,18 @@ class CategoryStream:
         self.filter = row_filter(category.format, category.filters)
 
     def convert(self, index: int, row: dict[str, Any]) -> PromptRecord | Reject | str:
-        """A record, a conversion reject, or the reason a filter dropped the row."""
+        """A record, a conversion reject, or the reason a filter dropped the row.
+
+        Any failure on one row is that row's reject: only an unreadable source stops a category.
+        """
         if self.category.columns:
             row = {**row, **{want: row[have] for want, have in self.category.columns.items() if have in row}}
-        if self.filter is not None and "__invalid__" not in row:
-            reason = self.filter.reject_reason(row)
-            if reason is not None:
-                return reason
         category = self.category
         try:
+            if self.filter is not None and "__invalid__" not in row:
+                reason = self.filter.reject_reason(row)
+                if reason is not None:
+                    return reason
             record = to_record(
                 row,
                 index=index,
@@ -126,18 +130,21 @@ class CategoryStream:
                 split=category.split,
                 fmt=category.format,
             )
+            return prepared(record, category)
         except ConversionError as error:
-            return Reject(
-                reject_row(
-                    record_id=raw_row_id(row),
-                    category=category.name,
-                    source={"dataset": self.dataset, "split": category.split, "row": index},
-                    stage="convert",
-                    reason=error.reason,
-                    detail=str(row),
-                )
+            reason = error.reason
+        except Exception as error:  # a converter's blind spot must not stop the category
+            reason = f"cannot convert: {type(error).__name__}: {error}"[:MAX_UNEXPECTED_REASON]
+        return Reject(
+            reject_row(
+                record_id=raw_row_id(row),
+                category=category.name,
+                source={"dataset": self.dataset, "split": category.split, "row": index},
+                stage="convert",
+                reason=reason,
+                detail=str(row),
             )
-        return prepared(record, category)
+        )
 
     def quota_ids(self, rows: Rows) -> set[str]:
         """For a count quota: the ids of the ``count`` records with the smallest seeded hashes."""

@@ -1,0 +1,5 @@
+"""`python -m flows.cli ...` is `datagen ...`."""
+
+from flows.cli.main import app
+
+app()

@@ -1,0 +1,72 @@
+"""One orchestrator per run directory, enforced with an advisory ``flock`` on ``<run>/.lock``.
+
+Two runs of one config started seconds apart used to race: the second removed the first's
+temporary shard and the first died in ``os.replace``. A pid file would need stale-lock guessing
+after a kill -9; ``flock`` needs none, because the kernel drops the lock when its holder's file is
+closed, which death by any signal does. The file itself stays (deleting it would let two processes
+lock two different inodes); its text only says who holds it, for the refusal message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+LOCK_FILE = ".lock"
+
+
+class RunLocked(RuntimeError):
+    """Another live process is running in this run directory (the CLI exits 2 with this line)."""
+
+
+class RunLock:
+    """Hold ``<run_dir>/.lock`` for the life of a run; refuses at once when another process holds it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd)
+            os.close(fd)
+            raise RunLocked(
+                f"{self.path.parent} is in use by another datagen run ({holder or 'holder unknown'}): "
+                "wait for it to end, or stop it; a killed run releases the directory at once"
+            ) from None
+        os.ftruncate(fd, 0)
+        started = datetime.now(UTC).isoformat(timespec="seconds")
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _read(fd: int) -> str:
+    with contextlib.suppress(OSError):
+        return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    return ""
