@@ -14,14 +14,14 @@ The rules, checked in this order each tick (about once a second):
    the law probes one request a tick instead of doubling.
 3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
    expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
-   running, remembered at its peak with a slow decay) turns that into the KV demand the server will
-   see. If ``limit`` requests of the current mix need more than ``target_kv`` of the pool, shrink to
+   running, a moving average, at least a half) turns that into the KV demand the server will see.
+   If ``limit`` requests of the current mix need more than ``target_kv`` of the pool, shrink to
    what fits. This reacts to a shift towards longer answers before the gauges show it.
 4. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
    send (its admission rule or ``--max-running-requests``); trim to running + allowance.
 5. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
-   and prompts waiting): grow (doubling while the cache is less than half the target, then by
-   ``grow``), never past the token budget.
+   and prompts waiting): grow, never past the token budget: doubling in the slow start (until the
+   cache is half the target full, or the first back-off or budget cut), then by ``grow`` a tick.
 6. Otherwise hold. The budget shrinks the limit only when it is below it by more than the
    hysteresis band, so a noisy projection does not make the limit flap.
 
@@ -46,15 +46,13 @@ class LawSettings:
     min_limit: int = 1
     max_limit: int = 1024
     initial_limit: int = 8
-    grow: float = 1.5
+    grow: float = 1.25
     backoff: float = 0.75
     hold_s: float = 10.0
     staleness_s: float = 2.0
     min_queue: int = 2
     hysteresis: float = 0.05
-    occupancy_half_life_s: float = 120.0
-    """The budget uses the highest occupancy seen, decaying with this half-life: requests that started
-    together finish together, and the cache must hold the peak of such a wave, not its average."""
+    occupancy_alpha: float = 0.2
     min_occupancy: float = 0.5
     """Requests admitted one after another hold on average at least half of what they end with
     (prompt + half the output): a lower reading is a batch that has only just started."""
@@ -102,7 +100,7 @@ class AdaptiveLimit:
     _last_capacity: int | None = None
     _hold_until: float = -math.inf
     _occupancy: float | None = None
-    _occupancy_at: float | None = None
+    _slow_start: bool = True
     _ceiling: float = math.inf
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
     _was_down: bool = False
@@ -155,15 +153,20 @@ class AdaptiveLimit:
         if restarted:
             self._hold_until = obs.at + s.hold_s
             self._ceiling = math.inf
+            self._slow_start = True
             return min(current, s.initial_limit), "restart detected: cautious start"
         usage = server.kv_usage if server else None
+        if usage is not None and usage >= s.target_kv / 2:
+            self._slow_start = False
         if retractions or (usage is not None and usage >= s.kv_full):
             self._hold_until = obs.at + s.hold_s
             why = f"{retractions} retraction(s)" if retractions else f"KV usage {usage:.2f}"
             backed = math.floor(min(current, max(obs.in_flight, 1)) * s.backoff)
             self._ceiling = max(backed, s.min_limit)
+            self._slow_start = False
             return backed, f"back off: {why}"
         if budget is not None and budget < current * (1 - s.hysteresis):
+            self._slow_start = False
             return budget, f"over budget: projected KV demand fits {budget}"
         queued = server.queued if server else None
         if queued is not None and queued > 2 * allowance and server is not None and server.running:
@@ -171,8 +174,7 @@ class AdaptiveLimit:
         binds = obs.in_flight >= current - 1 and obs.waiting > 0
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:
-            fast = usage is not None and usage < s.target_kv / 2  # far from full: slow start doubles
-            grown = max(current + 1, math.floor(current * (2.0 if fast else s.grow)))
+            grown = max(current + 1, math.floor(current * (2.0 if self._slow_start else s.grow)))
             if grown > self._ceiling:  # past the last back-off: probe one request at a time
                 grown = (
                     max(current + 1, math.floor(self._ceiling)) if current < self._ceiling else current + 1
@@ -216,17 +218,12 @@ class AdaptiveLimit:
         return came_back or counter_back or resized
 
     def _learn_occupancy(self, obs: Observation) -> None:
-        """KV tokens used per projected token of the requests running, remembered at its peak.
+        """KV tokens used per projected token of the requests running (a moving average).
 
-        Read only once answers come back (right after admission the cache holds prompts only), never
-        below ``min_occupancy``; the peak decays slowly (``occupancy_half_life_s``), so one wave that
-        filled the cache keeps the budget honest for minutes, not forever.
+        Read only once answers come back (right after admission the cache holds prompts only), and
+        never below ``min_occupancy``.
         """
         s, server = self.settings, obs.server
-        if self._occupancy is not None and self._occupancy_at is not None:
-            self._occupancy *= 0.5 ** ((obs.at - self._occupancy_at) / s.occupancy_half_life_s)
-            self._occupancy = max(self._occupancy, s.min_occupancy)
-        self._occupancy_at = obs.at
         if (
             server is None
             or server.kv_usage is None
@@ -240,7 +237,8 @@ class AdaptiveLimit:
         per_request = obs.projected_tokens / obs.in_flight
         ratio = server.kv_usage * server.capacity_tokens / (per_request * min(server.running, obs.in_flight))
         ratio = min(max(ratio, s.min_occupancy), 1.5)
-        self._occupancy = ratio if self._occupancy is None else max(self._occupancy, ratio)
+        a = s.occupancy_alpha
+        self._occupancy = ratio if self._occupancy is None else (1 - a) * self._occupancy + a * ratio
 
     def _budget_limit(self, obs: Observation, allowance: int) -> int | None:
         """How many requests of the current mix fit in ``target_kv`` of the pool, plus the ready queue."""
