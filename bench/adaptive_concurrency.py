@@ -120,9 +120,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+Sources = list[tuple[str, Path, int]]
+"""(category name, prompt file, max_tokens) per category."""
+
+
 def write_config(
-    path: Path, url: str, run_dir: Path, sources: list[tuple[str, Path, int]], setting: str
+    path: Path, url: str, run_dir: Path, sources: Sources, setting: str, *, poll_s: float | None = None
 ) -> None:
+    """A run config of the benchmark: ``setting`` is a fixed number in flight, or ``adaptive``."""
     lines = [
         f'[run]\nname = "{run_dir.name}"\noutput_dir = "{run_dir.parent}"\n',
         f'[[endpoints]]\nurl = "{url}"\nstream = false\n',
@@ -131,6 +136,8 @@ def write_config(
     ]
     if setting != "adaptive":
         lines.append(f"[concurrency]\nlimit = {int(setting)}\n")
+    elif poll_s is not None:
+        lines.append(f"[concurrency]\npoll_s = {poll_s}\n")
     for name, source, max_tokens in sources:
         lines.append(
             f'[[categories]]\nname = "{name}"\nsource = "{source}"\nformat = "messages"\n'

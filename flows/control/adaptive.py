@@ -11,7 +11,7 @@ The rules, checked in this order each tick (about once a second):
 2. A retraction / preemption since the last tick, or KV usage >= ``kv_full``: the server took more
    than it can hold and is recomputing work. Back off multiplicatively below what is in flight,
    hold growth for ``hold_s``, and remember the new limit as a ceiling (TCP's ssthresh): above it
-   the law probes one request a tick instead of doubling.
+   the law probes one request per ``probe_s`` instead of doubling.
 3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
    expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
    running, a moving average, at least a half) turns that into the KV demand the server will see.
@@ -52,7 +52,11 @@ class LawSettings:
     staleness_s: float = 2.0
     min_queue: int = 2
     hysteresis: float = 0.05
-    occupancy_alpha: float = 0.2
+    occupancy_alpha: float = 0.1
+    """Occupancy starts at 1 (every request at its final size: the first batch starts together and
+    grows together) and learns downwards slowly once answers come back."""
+    probe_s: float = 5.0
+    """Above the last back-off's ceiling, one more request at most this often (about a request's life)."""
     min_occupancy: float = 0.5
     """Requests admitted one after another hold on average at least half of what they end with
     (prompt + half the output): a lower reading is a batch that has only just started."""
@@ -99,7 +103,8 @@ class AdaptiveLimit:
     _last_counter: float | None = None
     _last_capacity: int | None = None
     _hold_until: float = -math.inf
-    _occupancy: float | None = None
+    _occupancy: float = 1.0
+    _last_probe: float = -math.inf
     _slow_start: bool = True
     _ceiling: float = math.inf
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
@@ -175,10 +180,13 @@ class AdaptiveLimit:
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:
             grown = max(current + 1, math.floor(current * (2.0 if self._slow_start else s.grow)))
-            if grown > self._ceiling:  # past the last back-off: probe one request at a time
-                grown = (
-                    max(current + 1, math.floor(self._ceiling)) if current < self._ceiling else current + 1
-                )
+            if grown > self._ceiling:  # past the last back-off: probe one request at a time, slowly
+                if current < self._ceiling:
+                    grown = max(current + 1, math.floor(self._ceiling))
+                elif obs.at - self._last_probe >= s.probe_s:
+                    grown, self._last_probe = current + 1, obs.at
+                else:
+                    return current, "probing above the last back-off"
             if usage is not None and usage > 0.05:
                 grown = min(grown, max(current + 1, math.floor(current * s.target_kv / usage)))
             if budget is not None:
@@ -237,8 +245,7 @@ class AdaptiveLimit:
         per_request = obs.projected_tokens / obs.in_flight
         ratio = server.kv_usage * server.capacity_tokens / (per_request * min(server.running, obs.in_flight))
         ratio = min(max(ratio, s.min_occupancy), 1.5)
-        a = s.occupancy_alpha
-        self._occupancy = ratio if self._occupancy is None else (1 - a) * self._occupancy + a * ratio
+        self._occupancy += s.occupancy_alpha * (ratio - self._occupancy)
 
     def _budget_limit(self, obs: Observation, allowance: int) -> int | None:
         """How many requests of the current mix fit in ``target_kv`` of the pool, plus the ready queue."""
@@ -247,7 +254,7 @@ class AdaptiveLimit:
             return None
         if obs.in_flight <= 0 or obs.projected_tokens <= 0:
             return None
-        per_request = obs.projected_tokens / obs.in_flight * (self._occupancy or 1.0)
+        per_request = obs.projected_tokens / obs.in_flight * self._occupancy
         return math.floor(self.settings.target_kv * server.capacity_tokens / per_request) + allowance
 
     def _queue_allowance(self, obs: Observation) -> int:

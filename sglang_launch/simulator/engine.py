@@ -101,6 +101,16 @@ class Engine:
         """ "starting" or "restarting" while the server must answer 503, else None."""
         return self._status if time.monotonic() < self._unavailable_until else None
 
+    def set_answers(self, update: dict[str, Any]) -> AnswerSettings:
+        """Change the model's behaviour at run time (e.g. longer answers mid-run); unknown keys raise."""
+        knobs = set(AnswerSettings.__dataclass_fields__) - {"seed"}
+        unknown = set(update) - knobs
+        if unknown:
+            raise ValueError(f"not an answer knob: {sorted(unknown)}")
+        self.cfg = SimConfig.model_validate({**self.cfg.model_dump(), **update})
+        self.settings = AnswerSettings.from_config(self.cfg)
+        return self.settings
+
     def set_faults(self, faults: FaultConfig) -> None:
         """Swap the fault knobs at run time; the seeded draw sequence carries on."""
         self.cfg = self.cfg.model_copy(update={"faults": faults})

@@ -155,6 +155,13 @@ class SimulatorProcess:
         faults: dict[str, Any] = response.json()
         return faults
 
+    def set_answers(self, **fields: Any) -> dict[str, Any]:
+        """Change the answer knobs at run time (``POST /sim/answers``); returns the knobs now in force."""
+        response = httpx.post(self.url + "/sim/answers", json=fields, timeout=5.0)
+        response.raise_for_status()
+        answers: dict[str, Any] = response.json()
+        return answers
+
     def stats(self) -> dict[str, Any]:
         """``GET /sim/stats``."""
         response = httpx.get(self.url + "/sim/stats", timeout=5.0)

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 import uvicorn
@@ -284,6 +285,17 @@ async def sim_faults(request: Request) -> Response:
     return _json(engine.cfg.faults.model_dump())
 
 
+async def sim_answers(request: Request) -> Response:
+    """``GET`` the answer knobs (stop_probability, reasoning, ...), or ``POST`` some to change them."""
+    engine = _engine(request)
+    if request.method == "POST":
+        try:
+            engine.set_answers(await _json_object(request))
+        except (ValueError, ValidationError) as exc:
+            return _json(error_body(str(exc), "BadRequestError", 400), 400)
+    return _json({k: v for k, v in asdict(engine.settings).items() if k != "seed"})
+
+
 async def sim_restart(request: Request) -> Response:
     """``POST {"downtime_s": s}`` (optional): drop everything, reset, be down for a while."""
     engine = _engine(request)
@@ -328,6 +340,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/v1/loads", _when_up(loads), methods=["GET"]),
         Route("/metrics", _when_up(metrics), methods=["GET"]),
         Route("/sim/faults", sim_faults, methods=["GET", "POST"]),
+        Route("/sim/answers", sim_answers, methods=["GET", "POST"]),
         Route("/sim/restart", sim_restart, methods=["POST"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),
     ]

@@ -150,3 +150,16 @@ async def test_engine_counts_queue_full_refusals() -> None:
     with pytest.raises(QueueFullError):
         engine.submit(sized, streaming=False)
     assert (engine.stats.requests_received, engine.stats.rejected_queue_full) == (2, 1)
+
+
+async def test_answer_knobs_change_at_run_time(start_sim: StartSim) -> None:
+    """Longer answers mid-run (the controller benchmark's phase shift): every answer now runs to max."""
+    sim = start_sim()
+    async with httpx.AsyncClient(base_url=sim.url, timeout=10) as client:
+        knobs = (await client.post("/sim/answers", json={"stop_probability": 0.0})).json()
+        assert knobs["stop_probability"] == 0.0 and "seed" not in knobs
+        answers = [(await client.post(CHAT, json=body(30, seed=i))).json() for i in range(5)]
+        assert all(a["usage"]["completion_tokens"] == 30 for a in answers)
+        assert (await client.post("/sim/answers", json={"seed": 3})).status_code == 400
+        assert (await client.post("/sim/answers", json={"stop_probability": 2})).status_code == 400
+        assert (await client.get("/sim/answers")).json()["stop_probability"] == 0.0

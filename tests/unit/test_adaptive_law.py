@@ -136,12 +136,14 @@ def test_never_outside_its_bounds() -> None:
 
 def test_small_changes_inside_the_hysteresis_band_are_not_made() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
-    # at 0.92 usage the learned budget is 100 x 0.90 / 0.92 + 2 = 99: within 5 % of 100, so no shrink
-    decision = law.observe(obs(1, server(0.92, 100), 100, per_request=200, rate=0.5))
+    # the budget says 97 + a ready queue of 2 = 99: within 5 % of 100, so no shrink
+    decision = law.observe(obs(1, server(0.92, 100), 100, per_request=0.9 * CAPACITY / 97.5, rate=0.0))
     assert decision.budget_limit == 99 and decision.limit == 100
-    # at 0.97 it is 94: outside the band, so the limit follows it
+    # 92 + 2 = 94: outside the band, so the limit follows the budget
     fresh = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
-    assert fresh.observe(obs(1, server(0.97, 100), 100, per_request=200, rate=0.5)).limit == 94
+    assert (
+        fresh.observe(obs(1, server(0.92, 100), 100, per_request=0.9 * CAPACITY / 92.5, rate=0.0)).limit == 94
+    )
 
 
 def test_replaying_the_same_observations_gives_the_same_decisions() -> None:
@@ -157,7 +159,18 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
     """Right after admission the cache holds prompts only: that must not open the budget wide."""
     law = AdaptiveLimit(LawSettings(initial_limit=8))
     first = law.observe(obs(1, server(0.03, 8), 8, per_request=1000, rate=0.0))
-    assert first.occupancy is None  # nothing came back yet: no steady state to learn from
+    assert first.occupancy == 1.0  # nothing came back yet: every request counted at its final size
     assert first.limit == 16  # slow start doubles, it does not jump to a budget
     second = law.observe(obs(2, server(0.05, 16), 16, per_request=1000, rate=1.0))
-    assert second.occupancy == 0.5  # clamped: requests hold at least half of what they end with
+    assert second.occupancy is not None and 0.9 < second.occupancy < 1.0  # learns, slowly, never below 0.5
+
+
+def test_above_the_last_back_off_it_probes_one_request_per_probe_interval() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40, hold_s=2.0, probe_s=5.0))
+    law.observe(obs(0, server(0.7, 40, retracted=0), 40))
+    assert law.observe(obs(1, server(0.95, 40, retracted=1), 40)).limit == 30  # ceiling 30
+    limits = [
+        law.observe(obs(at, server(0.5, law.limit, retracted=1), law.limit, per_request=100)).limit
+        for at in range(3, 15)
+    ]
+    assert limits[0] == 31 and limits[-1] == 33  # +1 at t=3, 8, 13: one request per 5 s

@@ -1,0 +1,171 @@
+"""Adaptive concurrency against fixed settings on the simulator at the seeds' scale, with a phase shift.
+
+    uv run python -m bench.adaptive_sim [--settings 50,100,150,250,adaptive] [--repeats 2] [--prompts 600]
+
+The simulated server has the seeds' KV pool (116,171 tokens). Every answer may run to ``max_tokens``
+4,096: in the first phase answers stop early at a uniform point (about 2,000 tokens on average),
+and once half the prompts are done every answer runs to the end (4,096): the mix shifts from short
+to long answers in the middle of the run, as when a second category starts. The seeds' hand-picked
+150 is the named baseline. Per phase, the table compares each setting's output tok/s (the server's
+own token counter) with the best fixed setting of that phase (an oracle that knows the phases).
+Settings are interleaved and repeated; medians are shown. The client runs pinned to core 1 with a
+nice-19 spinner there in every setting alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.adaptive_concurrency import write_config
+from prompts.synthetic import write_synthetic_prompts
+from sglang_launch.simulator import SimConfig, SimulatorProcess
+
+console = Console(width=140)
+SEEDS_KV = 116_171
+MAX_TOKENS = 4096
+
+
+@dataclass
+class PhaseOutcome:
+    short_tok_s: float
+    long_tok_s: float
+    peak_queue: int
+    retractions: int
+    seconds: float
+
+
+class PhaseDriver(threading.Thread):
+    """Switches the simulator to long answers once half the prompts are done; watches the queue."""
+
+    def __init__(self, sim: SimulatorProcess, half: int) -> None:
+        super().__init__(daemon=True)
+        self.sim, self.half = sim, half
+        self.stop = threading.Event()
+        self.switched_at: float | None = None
+        self.tokens_at_switch = 0
+        self.peak_queue = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            stats = self.sim.stats()
+            self.peak_queue = max(self.peak_queue, stats["queued"])
+            if self.switched_at is None and stats["finished_requests"] >= self.half:
+                self.sim.set_answers(stop_probability=0.0)
+                self.switched_at = time.monotonic()
+                self.tokens_at_switch = stats["generated_tokens"]
+
+
+def one_run(
+    sim_cfg: SimConfig, tmp: Path, name: str, setting: str, prompts: Path, count: int
+) -> PhaseOutcome:
+    with SimulatorProcess(sim_cfg) as sim:
+        config, run_dir = tmp / f"{name}.toml", tmp / "runs" / name
+        write_config(config, sim.url, run_dir, [("mix", prompts, MAX_TOKENS)], setting, poll_s=0.25)
+        driver = PhaseDriver(sim, count // 2)
+        driver.start()
+        started = time.monotonic()
+        subprocess.run(
+            ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"],
+            capture_output=True,
+            check=True,
+        )
+        ended = time.monotonic()
+        driver.stop.set()
+        driver.join()
+        stats = sim.stats()
+    switch = driver.switched_at or ended
+    return PhaseOutcome(
+        short_tok_s=driver.tokens_at_switch / max(switch - started, 1e-9),
+        long_tok_s=(stats["generated_tokens"] - driver.tokens_at_switch) / max(ended - switch, 1e-9),
+        peak_queue=driver.peak_queue,
+        retractions=stats["retracted_requests"],
+        seconds=ended - started,
+    )
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--settings", default="50,100,150,250,adaptive")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=600)
+    parser.add_argument("--time-scale", type=float, default=0.05)
+    args = parser.parse_args()
+    settings = args.settings.split(",")
+    sim_cfg = SimConfig(
+        port=0,
+        max_total_tokens=SEEDS_KV,
+        context_length=16384,
+        time_scale=args.time_scale,
+        stop_probability=1.0,
+        log_level="warning",
+    )
+    results: dict[str, list[PhaseOutcome]] = {s: [] for s in settings}
+    spinner = subprocess.Popen(
+        ["taskset", "-c", "1", "nice", "-n", "19", sys.executable, "-c", "while True: pass"],
+        start_new_session=True,
+    )
+    try:
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            prompts = tmp / "prompts.jsonl"
+            write_synthetic_prompts(prompts, args.prompts, max_words=300)
+            runs = 0
+            for repeat in range(args.repeats):
+                for setting in settings[repeat % len(settings) :] + settings[: repeat % len(settings)]:
+                    runs += 1
+                    outcome = one_run(sim_cfg, tmp, f"r{runs}", setting, prompts, args.prompts)
+                    results[setting].append(outcome)
+                    console.print(
+                        f"repeat {repeat + 1} {setting:>8}: short {outcome.short_tok_s:8.0f} tok/s, long "
+                        f"{outcome.long_tok_s:8.0f} tok/s, peak queue {outcome.peak_queue}, "
+                        f"retractions {outcome.retractions}, {outcome.seconds:.1f} s"
+                    )
+    finally:
+        spinner.kill()
+    print_table(results, args)
+
+
+def print_table(results: dict[str, list[PhaseOutcome]], args: argparse.Namespace) -> None:
+    def med(setting: str, attr: str) -> float:
+        return statistics.median(getattr(o, attr) for o in results[setting])
+
+    fixed = [s for s in results if s != "adaptive"]
+    oracle = {phase: max(med(s, phase) for s in fixed) for phase in ("short_tok_s", "long_tok_s")}
+    table = Table(
+        title=f"simulator, KV {SEEDS_KV:,} tokens, {args.prompts} prompts, max_tokens {MAX_TOKENS}, "
+        f"short -> long answers at half; medians of {args.repeats}"
+    )
+    for column in ("setting", "short tok/s", "vs oracle", "long tok/s", "vs oracle", "peak queue", "retr."):
+        table.add_column(column, justify="left" if column == "setting" else "right")
+    for setting in results:
+        name = f"{setting} (seeds)" if setting == "150" else setting
+        table.add_row(
+            name,
+            f"{med(setting, 'short_tok_s'):,.0f}",
+            f"{med(setting, 'short_tok_s') / oracle['short_tok_s']:.2f}x",
+            f"{med(setting, 'long_tok_s'):,.0f}",
+            f"{med(setting, 'long_tok_s') / oracle['long_tok_s']:.2f}x",
+            f"{med(setting, 'peak_queue'):.0f}",
+            f"{med(setting, 'retractions'):.0f}",
+        )
+    console.print(table)
+    if "adaptive" in results:
+        short = med("adaptive", "short_tok_s") / oracle["short_tok_s"]
+        long = med("adaptive", "long_tok_s") / oracle["long_tok_s"]
+        console.print(f"adaptive / per-phase oracle: short {short:.2f}x, long {long:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
