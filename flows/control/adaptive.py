@@ -175,7 +175,8 @@ class AdaptiveLimit:
             return budget, f"over budget: projected KV demand fits {budget}"
         queued = server.queued if server else None
         if queued is not None and queued > 2 * allowance and server is not None and server.running:
-            return server.running + allowance, f"trim: server queue {queued} > ready allowance {allowance}"
+            trimmed = min(current, server.running + allowance)
+            return trimmed, f"trim: server queue {queued} > ready allowance {allowance}"
         binds = obs.in_flight >= current - 1 and obs.waiting > 0
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:

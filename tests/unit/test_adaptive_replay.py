@@ -1,0 +1,45 @@
+"""The law replayed on a timeline recorded against the REAL SGLang 0.5.23 (CPU, tiny-llm, KV pool
+16,384 tokens, 64 max running; 300 prompts in two categories, max_tokens 64 and 256).
+
+The recording holds everything the law was given at each tick (`observation_from_row`), so today's
+law can be replayed on it: it must decide the same way twice, stay in its bounds, back off on every
+recorded retraction and never grow into a flooded queue.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from flows.control.adaptive import AdaptiveLimit, LawSettings
+from flows.control.timeline import observation_from_row
+
+RECORDED = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "timelines" / "sglang_0.5.23_adaptive_300.parquet"
+)
+
+
+def _rows() -> list[dict]:
+    return pq.read_table(RECORDED).to_pylist()
+
+
+def test_the_recording_is_a_real_engine_run_with_retractions() -> None:
+    rows = _rows()
+    assert len(rows) > 30
+    assert {r["source"] for r in rows} == {"sglang-metrics"}
+    assert {r["capacity_tokens"] for r in rows} == {16384}
+    assert sum(r["retractions"] for r in rows) > 0  # the hard case is in it
+
+
+def test_replay_is_deterministic_bounded_and_backs_off_on_every_retraction() -> None:
+    settings = LawSettings(min_limit=2, max_limit=200)
+    observations = [observation_from_row(r) for r in _rows()]
+    first = [d for d in map(AdaptiveLimit(settings).observe, observations)]
+    again = [d for d in map(AdaptiveLimit(settings).observe, observations)]
+    assert first == again
+    assert all(2 <= d.limit <= 200 for d in first)
+    backed = [d for d in first if d.retractions]
+    assert backed and all(d.limit < d.previous or d.previous == 2 for d in backed)
+    flooded = [d for d in first if d.queued is not None and d.queued > 2 * d.queue_allowance]
+    assert all(d.limit <= d.previous for d in flooded)
