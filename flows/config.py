@@ -109,6 +109,19 @@ class ConcurrencyConfig(_Strict):
     min_limit: int = Field(default=1, ge=1, le=100_000)
     max_limit: int = Field(default=1024, ge=1, le=100_000)
     poll_s: float = Field(default=1.0, ge=0.2, le=60.0, description="Seconds between load readings.")
+    vram: str = Field(
+        default="auto",
+        description="Free GPU memory for the OOM guard: auto (NVML for a server on this machine), "
+        "nvml, off, or a DCGM exporter's metrics URL.",
+    )
+    min_free_vram_gib: float = Field(default=1.0, ge=0.0, le=1024.0)
+
+    @field_validator("vram")
+    @classmethod
+    def _vram_source(cls, value: str) -> str:
+        if value in ("auto", "nvml", "off") or value.startswith(("http://", "https://")):
+            return value
+        raise ValueError("must be auto, nvml, off, or a DCGM exporter URL (http://host:9400/metrics)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ConcurrencyConfig:

@@ -115,6 +115,26 @@ def read_gpus(proc_root: Path = Path("/proc")) -> GpuSnapshot:
     return GpuSnapshot(gpus=gpus, source="nvml", driver_version=driver)
 
 
+def read_memory() -> list[tuple[int, int]]:
+    """(free, total) bytes of every GPU: the light reading a controller can take every second."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailableError(f"cannot read NVIDIA GPUs through NVML: {exc}") from exc
+    try:
+        readings = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+            readings.append((int(mem.free), int(mem.total)))
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailableError(f"NVML query failed: {exc}") from exc
+    finally:
+        pynvml.nvmlShutdown()
+    if not readings:
+        raise GpuUnavailableError("NVML found no NVIDIA GPU")
+    return readings
+
+
 def _read_one(index: int, proc_root: Path) -> GpuInfo:
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     mem = pynvml.nvmlDeviceGetMemoryInfo(handle)

@@ -7,9 +7,11 @@ so the law replays exactly on a recorded timeline. No clock, no I/O.
 The rules, checked in this order each tick (about once a second):
 
 1. Endpoint down: hold (the guard already closes the lane). When it comes back, or a server counter
-   goes backwards or its KV capacity changes (a restart), start again cautiously.
-2. A retraction / preemption since the last tick, or KV usage >= ``kv_full``: the server took more
-   than it can hold and is recomputing work. Back off multiplicatively below what is in flight,
+   goes backwards, its KV capacity changes or its GPU memory is let go (a restart), start again
+   cautiously.
+2. A retraction / preemption since the last tick, KV usage >= ``kv_full``, or less than
+   ``min_free_vram_bytes`` free on the tightest GPU: the server took more than it can hold and is
+   recomputing work, or is about to run out of memory. Back off multiplicatively below what is in flight,
    hold growth for ``hold_s``, and remember the new limit as a ceiling (TCP's ssthresh): above it
    the law probes one request per ``probe_s`` instead of doubling.
 3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
@@ -51,6 +53,8 @@ class LawSettings:
     hold_s: float = 10.0
     staleness_s: float = 2.0
     min_queue: int = 2
+    min_free_vram_bytes: int = 1 << 30
+    """Below this much free memory on the tightest GPU, back off: activations need headroom."""
     hysteresis: float = 0.05
     occupancy_alpha: float = 0.1
     """Occupancy starts at 1 (every request at its final size: the first batch starts together and
@@ -73,6 +77,9 @@ class Observation:
     """Projected KV demand (prompt + expected output) of the requests in flight."""
     completions_per_s: float
     healthy: bool = True
+    free_vram_bytes: int | None = None
+    """Free memory of the tightest GPU (NVML or DCGM), when it can be read: the OOM guard."""
+    total_vram_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ class Decision:
     waiting: int
     completions_per_s: float
     healthy: bool
+    free_vram_bytes: int | None
+    total_vram_bytes: int | None
     budget_limit: int | None
     queue_allowance: int
     occupancy: float | None
@@ -109,6 +118,7 @@ class AdaptiveLimit:
     _ceiling: float = math.inf
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
     _was_down: bool = False
+    _last_free_vram: int | None = None
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -143,6 +153,8 @@ class AdaptiveLimit:
             waiting=obs.waiting,
             completions_per_s=obs.completions_per_s,
             healthy=obs.healthy,
+            free_vram_bytes=obs.free_vram_bytes,
+            total_vram_bytes=obs.total_vram_bytes,
             budget_limit=budget,
             queue_allowance=allowance,
             occupancy=self._occupancy,
@@ -163,9 +175,15 @@ class AdaptiveLimit:
         usage = server.kv_usage if server else None
         if usage is not None and usage >= s.target_kv / 2:
             self._slow_start = False
-        if retractions or (usage is not None and usage >= s.kv_full):
+        low_vram = obs.free_vram_bytes is not None and obs.free_vram_bytes < s.min_free_vram_bytes
+        if retractions or low_vram or (usage is not None and usage >= s.kv_full):
             self._hold_until = obs.at + s.hold_s
-            why = f"{retractions} retraction(s)" if retractions else f"KV usage {usage:.2f}"
+            if retractions:
+                why = f"{retractions} retraction(s)"
+            elif low_vram:
+                why = f"GPU free memory {(obs.free_vram_bytes or 0) / 2**30:.2f} GiB (OOM guard)"
+            else:
+                why = f"KV usage {usage:.2f}"
             backed = math.floor(min(current, max(obs.in_flight, 1)) * s.backoff)
             self._ceiling = max(backed, s.min_limit)
             self._slow_start = False
@@ -209,9 +227,15 @@ class AdaptiveLimit:
         return int(server.preemptions_total - last)
 
     def _restarted(self, obs: Observation) -> bool:
-        """Health came back, the retraction counter went backwards, or the KV pool changed size."""
+        """Health came back, the retraction counter went backwards, the KV pool changed size, or GPU
+        memory was let go (free memory up by half the GPU: the server's pool is gone)."""
         came_back = self._was_down and obs.healthy
         self._was_down = not obs.healthy
+        free, total, last_free = obs.free_vram_bytes, obs.total_vram_bytes, self._last_free_vram
+        released = free is not None and total and last_free is not None and free - last_free > total / 2
+        if free is not None:
+            self._last_free_vram = free
+        came_back = came_back or bool(released)
         server = obs.server
         if server is None:
             return came_back

@@ -16,6 +16,7 @@ from flows.control.adaptive import AdaptiveLimit, Decision, Observation
 from flows.control.limiter import Lane, Limiter
 from flows.control.signals import ServerSample, SignalReader, with_capacity
 from flows.control.timeline import Timeline
+from flows.control.vram import VramReader, VramSample
 from sglang_launch.probe import kv_capacity, server_info
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class EndpointController:
         timeline: Timeline,
         *,
         poll_s: float = 1.0,
+        vram: VramReader | None = None,
     ) -> None:
         client = lane.endpoint.client
         self.lane = lane
@@ -41,6 +43,7 @@ class EndpointController:
         self.timeline = timeline
         self.poll_s = poll_s
         self.reader = SignalReader(client.endpoint, client.api_key)
+        self.vram = vram
         self.capacity: int | None = None
         self.last: Decision | None = None
         self.last_sample: ServerSample | None = None
@@ -59,17 +62,18 @@ class EndpointController:
         while True:
             await asyncio.sleep(self.poll_s)
             sample = with_capacity(await self.reader.read(), self.capacity)
+            memory = await self.vram.read() if self.vram is not None else None
             now = time.monotonic()
             done = self.lane.completed
             rate = (done - last_completed) / max(now - last_at, 1e-6)
             self._rate += RATE_ALPHA * (rate - self._rate)
             last_at, last_completed = now, done
-            decision = self.tick(now - started, sample)
+            decision = self.tick(now - started, sample, memory)
             if decision.limit > decision.previous:
                 await self.limiter.notify()  # waiters see the new room now, not at the next release
 
-    def tick(self, at: float, sample: ServerSample | None) -> Decision:
-        """One decision from what the lane and the server say now."""
+    def tick(self, at: float, sample: ServerSample | None, memory: VramSample | None = None) -> Decision:
+        """One decision from what the lane, the server and the GPUs say now."""
         observation = Observation(
             at=at,
             server=sample,
@@ -78,6 +82,8 @@ class EndpointController:
             projected_tokens=self.lane.projected_tokens,
             completions_per_s=self._rate,
             healthy=self.lane.endpoint.guard.up,
+            free_vram_bytes=memory.free_bytes if memory else None,
+            total_vram_bytes=memory.total_bytes if memory else None,
         )
         decision = self.law.observe(observation)
         self.last, self.last_sample = decision, sample
@@ -88,3 +94,5 @@ class EndpointController:
 
     async def aclose(self) -> None:
         await self.reader.aclose()
+        if self.vram is not None:
+            await self.vram.aclose()

@@ -80,4 +80,6 @@ def observation_from_row(row: dict[str, Any]) -> Observation:
         projected_tokens=row["projected_tokens"],
         completions_per_s=row["completions_per_s"],
         healthy=row["healthy"],
+        free_vram_bytes=row.get("free_vram_bytes"),
+        total_vram_bytes=row.get("total_vram_bytes"),
     )

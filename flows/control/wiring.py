@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from flows.control.demand import CategoryDemand, DemandModel
 from flows.control.limit import FixedLimit, GuardedLimit, Limit
 from flows.control.limiter import Lane, Limiter
 from flows.control.timeline import Timeline
+from flows.control.vram import VramReader
+from sglang_launch.gpu import GpuUnavailableError, read_memory
 
 TIMELINE_WRITE_S = 30.0
 
@@ -26,10 +30,33 @@ TIMELINE_WRITE_S = 30.0
 def law_settings(concurrency: ConcurrencyConfig) -> LawSettings:
     return LawSettings(
         target_kv=concurrency.target_kv_usage,
+        min_free_vram_bytes=int(concurrency.min_free_vram_gib * 2**30),
         min_limit=concurrency.min_limit,
         max_limit=concurrency.max_limit,
         initial_limit=min(max(concurrency.initial_limit, concurrency.min_limit), concurrency.max_limit),
     )
+
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+@functools.cache
+def nvml_works() -> bool:
+    try:
+        read_memory()
+    except GpuUnavailableError:
+        return False
+    return True
+
+
+def vram_reader(setting: str, url: str) -> VramReader | None:
+    """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly)."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        local = urllib.parse.urlsplit(url).hostname in LOCAL_HOSTS
+        return VramReader("nvml") if local and nvml_works() else None
+    return VramReader(setting)
 
 
 class Control:
@@ -47,7 +74,14 @@ class Control:
         for endpoint in endpoints:
             endpoint.guard.on_up = self.limiter.notify
         self.controllers = [
-            EndpointController(lane, law, self.limiter, self.timeline, poll_s=concurrency.poll_s)
+            EndpointController(
+                lane,
+                law,
+                self.limiter,
+                self.timeline,
+                poll_s=concurrency.poll_s,
+                vram=vram_reader(concurrency.vram, lane.endpoint.client.endpoint),
+            )
             for lane, law in zip(self.limiter.lanes, laws, strict=True)
             if isinstance(law, AdaptiveLimit)
         ]

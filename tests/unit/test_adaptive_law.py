@@ -174,3 +174,14 @@ def test_above_the_last_back_off_it_probes_one_request_per_probe_interval() -> N
         for at in range(3, 15)
     ]
     assert limits[0] == 31 and limits[-1] == 33  # +1 at t=3, 8, 13: one request per 5 s
+
+
+def test_low_free_gpu_memory_backs_off_and_released_memory_is_a_restart() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40, min_free_vram_bytes=1 << 30))
+    gib = 1 << 30
+    calm = replace(obs(0, server(0.5, 40), 40), free_vram_bytes=4 * gib, total_vram_bytes=80 * gib)
+    law.observe(calm)
+    squeezed = law.observe(replace(calm, at=1, free_vram_bytes=gib // 2))
+    assert squeezed.limit < 40 and "OOM guard" in squeezed.reason
+    released = law.observe(replace(calm, at=2, in_flight=squeezed.limit, free_vram_bytes=70 * gib))
+    assert "restart detected" in released.reason and released.limit <= squeezed.limit
