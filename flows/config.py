@@ -76,7 +76,12 @@ class EndpointConfig(_Strict):
     url: str = Field(description="Base URL of the server, e.g. http://127.0.0.1:30000")
     model: str | None = Field(default=None, description="Served model name; read from /v1/models if absent.")
     api_key_env: str | None = Field(default=None, description="NAME of the env var that holds the API key.")
-    stream: bool = True
+    stream: bool = Field(
+        default=False,
+        description="Stream answers (measures time to first token). Off by default: measured on "
+        "1,000 requests, streaming cost the client 2x the CPU (20-25 s vs 9-12 s) and the controller "
+        "needs no per-token signal.",
+    )
 
     @field_validator("url")
     @classmethod

@@ -32,6 +32,7 @@ output_dir = "{output_dir}"
 
 [[endpoints]]
 url = "{url}"
+stream = true
 
 [concurrency]
 limit = 64

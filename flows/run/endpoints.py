@@ -93,7 +93,7 @@ class EndpointPool:
             self.engine = LaunchedEngine(server)
             await asyncio.to_thread(self.engine.ensure_running)
             targets.append(
-                Target(self.engine.url, server.served_model_name, server.api_key_env, True, self.engine)
+                Target(self.engine.url, server.served_model_name, server.api_key_env, False, self.engine)
             )
         for endpoint in self.config.endpoints:
             targets.append(Target(endpoint.url, endpoint.model, endpoint.api_key_env, endpoint.stream, None))

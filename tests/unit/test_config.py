@@ -128,3 +128,12 @@ def test_concurrency_limit_means_fixed_and_contradictions_are_config_errors() ->
     ]:
         with pytest.raises(ConfigError, match=words):
             parse_config(_with(concurrency=bad))
+
+
+def test_endpoints_do_not_stream_unless_asked() -> None:
+    """Non-streaming is the default: half the client CPU, and the controller needs no per-token signal."""
+    cfg = parse_config(_with())
+    assert cfg.endpoints[0].stream is False
+    streamed = _with()
+    streamed["endpoints"] = [{"url": "http://127.0.0.1:30000", "stream": True}]
+    assert parse_config(streamed).endpoints[0].stream is True
