@@ -11,9 +11,10 @@ The rules, checked in this order each tick (about once a second):
    cautiously.
 2. A retraction / preemption since the last tick, KV usage >= ``kv_full``, or less than
    ``min_free_vram_bytes`` free on the tightest GPU: the server took more than it can hold and is
-   recomputing work, or is about to run out of memory. Back off multiplicatively below what is in flight,
-   hold growth for ``hold_s``, and remember the new limit as a ceiling (TCP's ssthresh): above it
-   the law probes one request per ``probe_s`` instead of doubling.
+   recomputing work, or is about to run out of memory. Back off multiplicatively below what is in
+   flight (once per event: not again while the requests above the new limit drain), hold growth
+   for ``hold_s``, and remember the new limit as a ceiling (TCP's ssthresh): above it the law
+   probes one request per ``probe_s`` instead of doubling.
 3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
    expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
    running, a moving average, at least a half) turns that into the KV demand the server will see.
@@ -177,6 +178,9 @@ class AdaptiveLimit:
             self._slow_start = False
         low_vram = obs.free_vram_bytes is not None and obs.free_vram_bytes < s.min_free_vram_bytes
         if retractions or low_vram or (usage is not None and usage >= s.kv_full):
+            if obs.at < self._hold_until and obs.in_flight > current:
+                # one back-off per event: the requests above the new limit are still draining
+                return current, "holding after a back-off: in flight draining to the limit"
             self._hold_until = obs.at + s.hold_s
             if retractions:
                 why = f"{retractions} retraction(s)"

@@ -185,3 +185,14 @@ def test_low_free_gpu_memory_backs_off_and_released_memory_is_a_restart() -> Non
     assert squeezed.limit < 40 and "OOM guard" in squeezed.reason
     released = law.observe(replace(calm, at=2, in_flight=squeezed.limit, free_vram_bytes=70 * gib))
     assert "restart detected" in released.reason and released.limit <= squeezed.limit
+
+
+def test_one_back_off_per_event_while_the_requests_above_the_limit_drain() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=60, hold_s=10.0))
+    law.observe(obs(0, server(0.9, 60, retracted=0), 60, per_request=100))
+    assert law.observe(obs(1, server(0.99, 60, retracted=2), 60, per_request=100)).limit == 45
+    # the stale gauges still say full and the counter still climbs, but 60 are still draining to 45
+    held = law.observe(obs(2, server(0.99, 58, retracted=4), 58, per_request=100))
+    assert held.limit == 45 and "draining" in held.reason
+    # once in flight is down to the limit and it is still full, that is a new event
+    assert law.observe(obs(3, server(0.99, 45, retracted=6), 45, per_request=100)).limit == 33

@@ -3,7 +3,7 @@
 
 The recording holds everything the law was given at each tick (`observation_from_row`), so today's
 law can be replayed on it: it must decide the same way twice, stay in its bounds, back off on every
-recorded retraction and never grow into a flooded queue.
+recorded retraction (once per event) and never grow into a flooded queue.
 """
 
 from __future__ import annotations
@@ -39,7 +39,12 @@ def test_replay_is_deterministic_bounded_and_backs_off_on_every_retraction() -> 
     again = [d for d in map(AdaptiveLimit(settings).observe, observations)]
     assert first == again
     assert all(2 <= d.limit <= 200 for d in first)
-    backed = [d for d in first if d.retractions]
-    assert backed and all(d.limit < d.previous or d.previous == 2 for d in backed)
+    retracted = [d for d in first if d.retractions]
+    # every retraction backs off, or finds the limit already cut and the requests above it draining
+    assert retracted and all(
+        d.limit < d.previous or d.previous == 2 or (d.limit == d.previous and d.in_flight > d.limit)
+        for d in retracted
+    )
+    assert any(d.limit < d.previous for d in retracted)
     flooded = [d for d in first if d.queued is not None and d.queued > 2 * d.queue_allowance]
     assert all(d.limit <= d.previous for d in flooded)
