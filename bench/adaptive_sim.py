@@ -67,10 +67,10 @@ class PhaseDriver(threading.Thread):
 
 
 def one_run(
-    sim_cfg: SimConfig, tmp: Path, name: str, setting: str, prompts: Path, count: int
+    sim_cfg: SimConfig, runs_dir: Path, name: str, setting: str, prompts: Path, count: int
 ) -> PhaseOutcome:
     with SimulatorProcess(sim_cfg) as sim:
-        config, run_dir = tmp / f"{name}.toml", tmp / "runs" / name
+        config, run_dir = runs_dir / f"{name}.toml", runs_dir / name
         write_config(config, sim.url, run_dir, [("mix", prompts, MAX_TOKENS)], setting, poll_s=0.25)
         driver = PhaseDriver(sim, count // 2)
         driver.start()
@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=600)
     parser.add_argument("--time-scale", type=float, default=0.05)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the runs (data, timelines) here")
     args = parser.parse_args()
     settings = args.settings.split(",")
     sim_cfg = SimConfig(
@@ -125,7 +126,9 @@ def main() -> None:
             for repeat in range(args.repeats):
                 for setting in settings[repeat % len(settings) :] + settings[: repeat % len(settings)]:
                     runs += 1
-                    outcome = one_run(sim_cfg, tmp, f"r{runs}", setting, prompts, args.prompts)
+                    runs_dir = args.keep or tmp / "runs"
+                    runs_dir.mkdir(parents=True, exist_ok=True)
+                    outcome = one_run(sim_cfg, runs_dir, f"r{runs}-{setting}", setting, prompts, args.prompts)
                     results[setting].append(outcome)
                     console.print(
                         f"repeat {repeat + 1} {setting:>8}: short {outcome.short_tok_s:8.0f} tok/s, long "

@@ -2,8 +2,10 @@
 
 A request holds its prompt plus its output in the KV cache by the time it ends. The prompt's token
 count is estimated from its characters (the ratio learned from the server's usage reports, starting
-at 4 characters a token); the output from the category's completions so far (starting at its
-``max_tokens``: cautious until the first answers come back).
+at 4 characters a token); the output from the category's completions so far, blended with its
+``max_tokens`` as a prior worth ``PRIOR_ANSWERS`` answers. The prior matters: the first answers to
+come back are the shortest ones (a long answer is still running), so their mean alone would
+project far too little and open the budget wide at the start of a run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 CHARS_PER_TOKEN = 4.0
 ALPHA = 0.05
 """EWMA weight of one completion: about the last 20-40 answers of a category count."""
+PRIOR_ANSWERS = 20
 
 
 @dataclass
@@ -22,9 +25,16 @@ class CategoryDemand:
     chars_per_token: float = CHARS_PER_TOKEN
     completions: int = 0
 
+    def expected_output(self) -> float:
+        if self.completion_tokens is None:
+            return float(self.max_tokens)
+        learned = min(self.completion_tokens, self.max_tokens)
+        return (self.completions * learned + PRIOR_ANSWERS * self.max_tokens) / (
+            self.completions + PRIOR_ANSWERS
+        )
+
     def projected(self, prompt_chars: int) -> float:
-        output = self.max_tokens if self.completion_tokens is None else self.completion_tokens
-        return prompt_chars / self.chars_per_token + min(output, self.max_tokens)
+        return prompt_chars / self.chars_per_token + self.expected_output()
 
     def learn(self, prompt_chars: int, prompt_tokens: int, completion_tokens: int) -> None:
         self.completions += 1

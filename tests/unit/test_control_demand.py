@@ -1,0 +1,29 @@
+"""Projected KV demand per request, learned per category."""
+
+from __future__ import annotations
+
+from flows.control.demand import CategoryDemand, DemandModel
+
+
+def test_before_any_answer_a_request_is_projected_at_its_full_budget() -> None:
+    demand = DemandModel().category("long", max_tokens=4096)
+    assert demand.projected(4000) == 1000 + 4096  # 4 characters a token until the server says
+
+
+def test_the_first_short_answers_do_not_collapse_the_projection() -> None:
+    """Short answers come back first: 10 of ~100 tokens must not project a 4,096-token category at 100."""
+    demand = CategoryDemand(max_tokens=4096)
+    for _ in range(10):
+        demand.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=100)
+    assert demand.expected_output() > 2500
+    for _ in range(200):  # once many answers say so, the category really is short
+        demand.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=100)
+    assert demand.expected_output() < 1000
+
+
+def test_the_prompt_ratio_is_learned_from_the_servers_counts() -> None:
+    demand = CategoryDemand(max_tokens=64)
+    for _ in range(100):
+        demand.learn(prompt_chars=600, prompt_tokens=300, completion_tokens=64)  # 2 characters a token
+    assert abs(demand.chars_per_token - 2.0) < 0.1
+    assert abs(demand.projected(600) - (300 + 64)) < 20
