@@ -14,7 +14,9 @@ Settings run in an interleaved order (A B C ..., then rotated), repeated; the ta
 - starved: share of 1 s samples in which the server queue was empty while KV usage was < 0.8;
 - p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
 
-The last line is the ratio of adaptive to the best fixed setting in hindsight.
+The last line is the ratio of adaptive to the best fixed setting in hindsight. A setting ``N@HZ``
+polls the server HZ times a second during the run instead of once (``32@0``, ``32@10``): the cost
+of polling on the server, measured as a throughput ratio.
 """
 
 from __future__ import annotations
@@ -60,19 +62,24 @@ class Outcome:
 
 
 class Poller(threading.Thread):
-    """The server's /metrics once a second while a run goes on (the same for every setting)."""
+    """The server's /metrics ``hz`` times a second while a run goes on (1 Hz for every setting unless
+    a setting says ``@HZ``); above 1 Hz also ``/v1/loads``, as a client polling hard would."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, hz: float = 1.0) -> None:
         super().__init__(daemon=True)
-        self.url = url
+        self.url, self.hz = url, hz
         self.samples: list[ServerSample] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
+        if self.hz <= 0:
+            return
         with httpx.Client(timeout=5) as client:
-            while not self.stop.wait(1.0):
+            while not self.stop.wait(1.0 / self.hz):
                 try:
                     sample = parse_metrics(client.get(f"{self.url}/metrics").text)
+                    if self.hz > 1:
+                        client.get(f"{self.url}/v1/loads")
                 except httpx.HTTPError:
                     continue
                 if sample is not None:
@@ -146,10 +153,10 @@ def write_config(
     path.write_text("\n".join(lines))
 
 
-def one_run(url: str, config: Path, run_dir: Path, requests: int) -> Outcome:
+def one_run(url: str, config: Path, run_dir: Path, requests: int, poll_hz: float = 1.0) -> Outcome:
     before = read_sample(url)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    poller = Poller(url)
+    poller = Poller(url, poll_hz)
     poller.start()
     started = time.monotonic()
     result = subprocess.run(
@@ -225,8 +232,9 @@ def main() -> None:
                     runs += 1
                     run_dir = (args.keep or tmp / "runs") / f"r{runs}-{setting}"
                     config = tmp / f"r{runs}.toml"
-                    write_config(config, url, run_dir, sources, setting)
-                    outcome = one_run(url, config, run_dir, per_category * len(budgets))
+                    law, _, hz = setting.partition("@")
+                    write_config(config, url, run_dir, sources, law)
+                    outcome = one_run(url, config, run_dir, per_category * len(budgets), float(hz or 1.0))
                     results[setting].append(outcome)
                     console.print(
                         f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
@@ -243,7 +251,7 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
     def med(setting: str, attr: str) -> float:
         return statistics.median(getattr(o, attr) for o in results[setting])
 
-    fixed = [s for s in results if s != "adaptive" and results[s]]
+    fixed = [s for s in results if s.isdigit() and results[s]]
     best = max(fixed, key=lambda s: med(s, "tok_s")) if fixed else None
     table = Table(
         title=f"{args.engine}: {args.prompts} prompts, max_tokens {args.max_tokens}, KV pool "
