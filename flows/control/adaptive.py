@@ -13,8 +13,8 @@ The rules, checked in this order each tick (about once a second):
    ``min_free_vram_bytes`` free on the tightest GPU: the server took more than it can hold and is
    recomputing work, or is about to run out of memory. Back off multiplicatively below what is in
    flight (once per event: not again while the requests above the new limit drain), hold growth
-   for ``hold_s``, and remember the new limit as a ceiling (TCP's ssthresh): above it the law
-   probes one request per ``probe_s`` instead of doubling.
+   for a request's life, and remember the new limit as a ceiling (TCP's ssthresh): above it the
+   law probes one request per quarter of a request's life instead of doubling.
 3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
    expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
    running, a moving average, at least a half) turns that into the KV demand the server will see.
@@ -52,6 +52,9 @@ class LawSettings:
     grow: float = 1.25
     backoff: float = 0.75
     hold_s: float = 10.0
+    """After a back-off growth is held for one request's life (in flight / completions per second,
+    Little's law; 2 s to 10 min): the cut must show in the gauges first. This long while no answer
+    has come back yet."""
     staleness_s: float = 2.0
     min_queue: int = 2
     min_free_vram_bytes: int = 1 << 30
@@ -61,7 +64,8 @@ class LawSettings:
     """Occupancy starts at 1 (every request at its final size: the first batch starts together and
     grows together) and learns downwards slowly once answers come back."""
     probe_s: float = 5.0
-    """Above the last back-off's ceiling, one more request at most this often (about a request's life)."""
+    """Above the last back-off's ceiling, one more request per quarter of a request's life (1 s to
+    150 s; this long while no answer has come back): like TCP's one segment per round trip."""
     min_occupancy: float = 0.5
     """Requests admitted one after another hold on average at least half of what they end with
     (prompt + half the output): a lower reading is a batch that has only just started."""
@@ -168,6 +172,7 @@ class AdaptiveLimit:
         s, server, current = self.settings, obs.server, self._limit
         if not obs.healthy:
             return current, "endpoint down"
+        life = obs.in_flight / obs.completions_per_s if obs.completions_per_s > 0 else 0.0
         if restarted:
             self._hold_until = obs.at + s.hold_s
             self._ceiling = math.inf
@@ -181,7 +186,7 @@ class AdaptiveLimit:
             if obs.at < self._hold_until and obs.in_flight > current:
                 # one back-off per event: the requests above the new limit are still draining
                 return current, "holding after a back-off: in flight draining to the limit"
-            self._hold_until = obs.at + s.hold_s
+            self._hold_until = obs.at + (min(max(life, 2.0), 600.0) if life else s.hold_s)
             if retractions:
                 why = f"{retractions} retraction(s)"
             elif low_vram:
@@ -206,7 +211,7 @@ class AdaptiveLimit:
             if grown > self._ceiling:  # past the last back-off: probe one request at a time, slowly
                 if current < self._ceiling:
                     grown = max(current + 1, math.floor(self._ceiling))
-                elif obs.at - self._last_probe >= s.probe_s:
+                elif obs.at - self._last_probe >= (min(max(life / 4, 1.0), 150.0) if life else s.probe_s):
                     grown, self._last_probe = current + 1, obs.at
                 else:
                     return current, "probing above the last back-off"

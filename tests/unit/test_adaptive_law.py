@@ -72,14 +72,14 @@ def test_stops_growing_at_the_target_usage() -> None:
     assert decision.limit == 40
 
 
-def test_a_retraction_backs_off_below_in_flight_and_holds_growth() -> None:
-    settings = LawSettings(initial_limit=40, hold_s=10.0)
-    law = AdaptiveLimit(settings)
+def test_a_retraction_backs_off_below_in_flight_and_holds_growth_for_a_request_life() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40))
     law.observe(obs(0, server(0.7, 40, retracted=3), 40))  # first reading: the counter's baseline
-    decision = law.observe(obs(1, server(0.95, 40, retracted=5), 40))
+    # 40 in flight, 4 answers a second: a request lives 10 s (Little's law)
+    decision = law.observe(obs(1, server(0.95, 40, retracted=5), 40, rate=4.0))
     assert decision.retractions == 2 and decision.reason.startswith("back off")
     assert decision.limit == 30  # 40 * 0.75
-    for at in (2, 5, 9):  # room again, but held
+    for at in (2, 5, 9):  # room again, but held for one request life
         assert law.observe(obs(at, server(0.3, 30, retracted=5), 30)).limit == 30
     assert law.observe(obs(12, server(0.3, 30, retracted=5), 30)).limit > 30
 
@@ -165,15 +165,18 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
     assert second.occupancy is not None and 0.9 < second.occupancy < 1.0  # learns, slowly, never below 0.5
 
 
-def test_above_the_last_back_off_it_probes_one_request_per_probe_interval() -> None:
-    law = AdaptiveLimit(LawSettings(initial_limit=40, hold_s=2.0, probe_s=5.0))
+def test_above_the_last_back_off_it_probes_one_request_per_quarter_request_life() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40))
     law.observe(obs(0, server(0.7, 40, retracted=0), 40))
-    assert law.observe(obs(1, server(0.95, 40, retracted=1), 40)).limit == 30  # ceiling 30
-    limits = [
-        law.observe(obs(at, server(0.5, law.limit, retracted=1), law.limit, per_request=100)).limit
-        for at in range(3, 15)
-    ]
-    assert limits[0] == 31 and limits[-1] == 33  # +1 at t=3, 8, 13: one request per 5 s
+    cut = law.observe(obs(1, server(0.95, 40, retracted=1), 40, rate=20.0))  # life 2 s: held until 3
+    assert cut.limit == 30  # the ceiling
+    limits = []
+    for at in range(3, 15):  # every request lives 20 s now: one more request per 5 s
+        n = law.limit
+        limits.append(
+            law.observe(obs(at, server(0.5, n, retracted=1), n, per_request=100, rate=n / 20)).limit
+        )
+    assert limits[0] == 31 and limits[-1] == 33  # +1 at t=3, 8, 13
 
 
 def test_low_free_gpu_memory_backs_off_and_released_memory_is_a_restart() -> None:
