@@ -4,8 +4,10 @@
 
 The simulated server has the seeds' KV pool (116,171 tokens). Every answer may run to ``max_tokens``
 4,096: in the first phase answers stop early at a uniform point (about 2,000 tokens on average),
-and once half the prompts are done every answer runs to the end (4,096): the mix shifts from short
-to long answers in the middle of the run, as when a second category starts. The seeds' hand-picked
+and once a third of the prompts are done every answer runs to the end (4,096): the mix shifts from
+short to long answers in the middle of the run, as when a second category starts. (Answers are
+planned when a request arrives, so the requests already in flight at the switch stay short: keep
+the prompts many times the largest setting.) The seeds' hand-picked
 150 is the named baseline. Per phase, the table compares each setting's output tok/s (the server's
 own token counter) with the best fixed setting of that phase (an oracle that knows the phases).
 Settings are interleaved and repeated; medians are shown. The client runs pinned to core 1 with a
@@ -46,11 +48,11 @@ class PhaseOutcome:
 
 
 class PhaseDriver(threading.Thread):
-    """Switches the simulator to long answers once half the prompts are done; watches the queue."""
+    """Switches the simulator to long answers once a third of the prompts are done; watches the queue."""
 
-    def __init__(self, sim: SimulatorProcess, half: int) -> None:
+    def __init__(self, sim: SimulatorProcess, switch_after: int) -> None:
         super().__init__(daemon=True)
-        self.sim, self.half = sim, half
+        self.sim, self.switch_after = sim, switch_after
         self.stop = threading.Event()
         self.switched_at: float | None = None
         self.tokens_at_switch = 0
@@ -60,7 +62,7 @@ class PhaseDriver(threading.Thread):
         while not self.stop.wait(0.2):
             stats = self.sim.stats()
             self.peak_queue = max(self.peak_queue, stats["queued"])
-            if self.switched_at is None and stats["finished_requests"] >= self.half:
+            if self.switched_at is None and stats["finished_requests"] >= self.switch_after:
                 self.sim.set_answers(stop_probability=0.0)
                 self.switched_at = time.monotonic()
                 self.tokens_at_switch = stats["generated_tokens"]
@@ -72,7 +74,7 @@ def one_run(
     with SimulatorProcess(sim_cfg) as sim:
         config, run_dir = runs_dir / f"{name}.toml", runs_dir / name
         write_config(config, sim.url, run_dir, [("mix", prompts, MAX_TOKENS)], setting, poll_s=0.25)
-        driver = PhaseDriver(sim, count // 2)
+        driver = PhaseDriver(sim, count // 3)
         driver.start()
         started = time.monotonic()
         subprocess.run(
@@ -99,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--settings", default="50,100,150,250,adaptive")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=600)
+    parser.add_argument("--prompts", type=int, default=900)
     parser.add_argument("--time-scale", type=float, default=0.05)
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs (data, timelines) here")
     args = parser.parse_args()
@@ -148,7 +150,7 @@ def print_table(results: dict[str, list[PhaseOutcome]], args: argparse.Namespace
     oracle = {phase: max(med(s, phase) for s in fixed) for phase in ("short_tok_s", "long_tok_s")}
     table = Table(
         title=f"simulator, KV {SEEDS_KV:,} tokens, {args.prompts} prompts, max_tokens {MAX_TOKENS}, "
-        f"short -> long answers at half; medians of {args.repeats}"
+        f"short -> long answers after a third; medians of {args.repeats}"
     )
     for column in ("setting", "short tok/s", "vs oracle", "long tok/s", "vs oracle", "peak queue", "retr."):
         table.add_column(column, justify="left" if column == "setting" else "right")
