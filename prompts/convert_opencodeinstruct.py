@@ -91,6 +91,18 @@ class OpenCodeInstructFilter(BaseModel):
             raise ValueError(f"unknown criterion {', '.join(map(repr, unknown))}{hints}; known: {known}")
         return value
 
+    def steps(self) -> list[str]:
+        """The configured checks, in the order ``reject_reason`` runs them, named by their column:
+        every reason a check gives starts with that name, so rejects count per filter step."""
+        configured = {
+            "domain": self.domains is not None,
+            "generation_algorithm": self.generation_algorithms is not None,
+            "average_test_score": self.min_average_test_score is not None,
+            "tests_execution_status": self.require_all_tests_pass,
+            "llm_judgement": bool(self.min_llm_judgement),
+        }
+        return [name for name, active in configured.items() if active]
+
     def reject_reason(self, row: Row) -> str | None:
         """Why ``row`` is filtered out (the first failing check, in a fixed order), or None to keep it.
 

@@ -17,6 +17,19 @@ from prompts.convert_opencodeinstruct import OpenCodeInstructFilter
 class RowFilter(Protocol):
     def reject_reason(self, row: Mapping[str, Any]) -> str | None: ...
 
+    def steps(self) -> list[str]:
+        """The filter's checks in the order it runs them; each one's reasons start with its name."""
+        ...
+
+
+def rows_after_each_step(read: int, steps: list[str], filtered: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Rows left after each filter step: a row is counted at the first check it fails."""
+    left, out = read, []
+    for step in steps:
+        left -= sum(count for reason, count in filtered.items() if reason.startswith(step))
+        out.append((step, left))
+    return out
+
 
 FILTERS: dict[str, type[BaseModel]] = {"opencodeinstruct": OpenCodeInstructFilter}
 

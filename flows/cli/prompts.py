@@ -109,8 +109,12 @@ def _settings_table(report: Preview) -> Table:
 
 
 def _steps_table(report: Preview) -> Table:
-    table = _table("step", "rows")
-    for step, count in report.steps:
+    return _pairs_table("step", report.steps)
+
+
+def _pairs_table(name: str, rows: list[tuple[str, int]]) -> Table:
+    table = _table(name, "rows")
+    for step, count in rows:
         table.add_row(step, str(count))
     return table
 
@@ -147,6 +151,9 @@ def render(report: Preview) -> None:
     """The preview as tables on the project console (stderr, like every other human-facing output)."""
     _show(f"category {report.category}", _settings_table(report))
     _show(f"rows left after each step (at most {report.rows_cap} rows read)", _steps_table(report))
+    if report.filter_steps:
+        rows = [("read", report.steps[0][1]), *((f"after {step}", n) for step, n in report.filter_steps)]
+        _show("rows left after each filter", _pairs_table("filter", rows))
     _show("filtered by reason", _reasons_table(report.filtered))
     _show("rejected by reason (stage convert)", _reasons_table(report.rejected))
     for number, item in enumerate(report.examples, start=1):

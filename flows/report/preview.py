@@ -30,6 +30,7 @@ from flows.run.regen import first_turn
 from flows.store.run_store import CategoryState
 from prompts.categories import category_file, known_categories, load_category
 from prompts.dedup import DedupIndex
+from prompts.filters import row_filter, rows_after_each_step
 from prompts.records import Message, PromptRecord
 
 EXAMPLE_CHARS = 300
@@ -89,6 +90,8 @@ class Preview:
     settings: dict[str, Any]
     rows_cap: int
     steps: list[tuple[str, int]]
+    filter_steps: list[tuple[str, int]]
+    """Rows left after each configured filter, in the order the filter checks them."""
     filtered: dict[str, int]
     rejected: dict[str, int]
     examples: list[Example]
@@ -210,6 +213,7 @@ def build_preview(
         settings=category_settings(category),
         rows_cap=rows_cap,
         steps=counts.steps(),
+        filter_steps=rows_after_each_step(counts.read, _filter_steps(category), counts.filtered),
         filtered=dict(counts.filtered.most_common()),
         rejected=dict(counts.rejected.most_common()),
         examples=taken,
@@ -217,6 +221,11 @@ def build_preview(
         length_unit=measure.unit,
         notes=notes,
     )
+
+
+def _filter_steps(category: CategoryConfig) -> list[str]:
+    built = row_filter(category.format, category.filters or {})
+    return built.steps() if built is not None else []
 
 
 def _hub_offline() -> bool:

@@ -104,6 +104,19 @@ def test_filtered_rows_are_counted_by_reason(fixtures_dir: Path) -> None:
     assert report.settings["filters"] == {"domains": ["generic"]}
 
 
+def test_rows_left_after_each_filter_in_the_order_they_are_checked(fixtures_dir: Path) -> None:
+    """domain keeps 4 of 6; of those, one generic row has a failing test: 3 left after the tests."""
+    category = CategoryConfig(
+        name="oci",
+        source=str(fixtures_dir / "prompts" / "opencodeinstruct.jsonl"),
+        format="opencodeinstruct",
+        filters={"domains": ["generic"], "require_all_tests_pass": True},
+    )
+    report = build_preview(category, capped_rows(category, 100), rows_cap=100, examples=0)
+    assert report.filter_steps == [("domain", 4), ("tests_execution_status", 3)]
+    assert report.steps[:2] == [("read", 6), ("after filters", 3)]
+
+
 def test_examples_are_cut_and_name_tools_and_calls() -> None:
     tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
     call = {"id": "c0", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
