@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from datasets import load_dataset
+from pipeline_support import check_run, datagen, write_config, write_prompts
 
 from flows.config import parse_config
 from flows.runner import execute
@@ -71,3 +72,33 @@ async def test_tool_replay_keeps_recorded_results_for_matching_calls(tmp_path: P
     # the simulator calls a tool at every turn, where the recordings answered in text: each
     # replayed conversation stops there and says why, instead of inventing tool results
     assert all("call" in (row["stop_reason"] or "") for row in replayed)
+
+
+def test_a_category_of_the_wrong_format_stops_early_with_exit_2_and_the_other_goes_on(tmp_path: Path) -> None:
+    """1,200 ShareGPT rows read as `messages`: one line naming the format, exit 2; the good category runs."""
+    wrong = tmp_path / "sharegpt.jsonl"
+    wrong.write_text(
+        "".join(
+            json.dumps({"id": f"s{i}", "conversations": [{"from": "human", "value": f"question {i}"}]}) + "\n"
+            for i in range(1200)
+        )
+    )
+    good = tmp_path / "good.jsonl"
+    write_prompts(good, 30)
+    with SimulatorProcess(SimConfig(time_scale=0.02, stream_interval_s=0.02, log_level="warning")) as sim:
+        config = write_config(
+            tmp_path / "run.toml", name="early", output_dir=tmp_path, url=sim.url, source=good
+        )
+        config.write_text(
+            config.read_text()
+            + f'\n[[categories]]\nname = "wrong"\nsource = "{wrong}"\nformat = "messages"\n'
+        )
+        proc = datagen("run", str(config), "--no-prefect")
+        out, _ = proc.communicate(timeout=300)
+    text = out.decode()
+    assert proc.returncode == 2, text[-3000:]
+    assert "wrong" in text and "messages" in text  # names the category and the format it was read as
+    assert "Traceback" not in text
+    check = check_run(tmp_path / "early")
+    assert len([i for i in check.row_ids if not i.startswith("s")]) == 30  # the good category finished
+    assert len(check.reject_ids) <= 1000  # stopped early, not a reject per row
