@@ -113,12 +113,19 @@ def demo(
 def status(
     run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")],
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    report: Annotated[
+        bool, typer.Option("--report", help="Also redraw the plots and rewrite RUN_DIR/report.md.")
+    ] = False,
 ) -> None:
     """Progress per category of a run, read from its finished shards (works on a killed run too)."""
     try:
         found = run_status(run_dir)
     except FileNotFoundError as error:
         fail(str(error))
+    if report:
+        from flows.report.summary import report_from_disk
+
+        console.print(f"report: {report_from_disk(run_dir)}")
     if json_out:
         typer.echo(json.dumps(status_document(found), indent=2))
     else:
