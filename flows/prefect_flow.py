@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TagsContext
 from prefect.flow_engine import run_flow_async
 
 from flows.prefect_link import PrefectLink, Unit, discard_prefect_backlog, orchestrated, track
@@ -249,7 +249,10 @@ def _datagen_flow(pipeline: Pipeline, link: PrefectLink, history: list[str], con
                 log.warning("could not read the flow run's artifacts", exc_info=True)
         updater = asyncio.create_task(view.loop())
         try:
-            await track(units.pop(unit_key), pipeline.run_categories(category))
+            # the run's tag stays on this flow run: a tagged task run asks the API for tag concurrency
+            # slots, which fails the task when the API is gone
+            with TagsContext(current_tags=set()):
+                await track(units.pop(unit_key), pipeline.run_categories(category))
         except Exception:
             await _stop(updater)
             await view.finish(completed=False)

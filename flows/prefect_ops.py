@@ -86,6 +86,10 @@ class PrefectServer:
         self.stop()
         raise RuntimeError(f"prefect server did not answer on {self.api_url} within {timeout_s:.0f} s")
 
+    def wait(self) -> None:
+        if self.proc is not None:
+            self.proc.wait()
+
     def stop(self) -> None:
         if self.proc is None:
             return

@@ -143,6 +143,30 @@ def sim(ctx: typer.Context) -> None:
     serve(config_from_args(list(ctx.args)))
 
 
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(help="Port of the server and its UI.")] = 4200,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+) -> None:
+    """Start a local Prefect server with its UI (analytics off) until Ctrl-C; prints what to export."""
+    from flows.prefect_ops import PrefectServer
+
+    server = PrefectServer(host, port, ui=True)
+    try:
+        server.start()
+    except RuntimeError as error:
+        fail(f"{error} (is the port in use? try --port)")
+    console.print(f"Prefect UI: {server.ui_url}")
+    console.print(f"For runs to report there: export PREFECT_API_URL={server.api_url}")
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, like Ctrl-C
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
 app.command()(export_cli.export)
 app.add_typer(prompts_cli.app)
 app.add_typer(gpu_cli.app)

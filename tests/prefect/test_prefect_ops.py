@@ -83,9 +83,12 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     table = {row["metric"]: row["value"] for row in json.loads(str(by_key["killtest-chat"]["data"]))}
     assert int(table["rows on disk (all starts)"]) == len(check.row_ids)
     assert int(table["rejects on disk (standing)"]) == len(check.reject_ids)
-    assert int(table["done before this start"]) + int(table["rows (this run)"]) + int(
-        table["rejects (this run)"]
-    ) == 600
+    assert (
+        int(table["done before this start"])
+        + int(table["rows (this run)"])
+        + int(table["rejects (this run)"])
+        == 600
+    )
     assert "## Plots" in str(by_key["killtest-report"]["data"])
 
     logs = [str(entry["message"]) for entry in _post(api, "logs/filter", {"logs": {"level": {"ge_": 20}}})]
