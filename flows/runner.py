@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from flows.config import RunConfig, parse_config
 from flows.prefect_link import PrefectLink, open_link, prefect_env_defaults
+from flows.report.progress_log import ProgressLog
 from flows.report.status import RunStatus, expected_prompts, run_status
 from flows.report.summary import write_report
 from flows.run.endpoints import ConfigProblem
@@ -39,10 +40,16 @@ def configure(verbose: bool) -> None:
     prefect_env_defaults()
     level = "INFO" if verbose else "WARNING"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", level)
+    # run-level events (started, resumed, a category finished, a server restarted) go to the Prefect
+    # UI at INFO through the run logger; the terminal shows them only with -v
+    os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", level)
     logging.basicConfig(
         level=getattr(logging, level),
         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
     )
+    for handler in logging.getLogger().handlers:  # INFO from Prefect's run loggers is for the UI
+        handler.setLevel(getattr(logging, level))
     for noisy in ("httpx", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -83,6 +90,7 @@ async def _run_session(
     config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None
 ) -> RunStatus:
     session = RunSession(config, force=force)
+    session.reporters.append(ProgressLog(config.run_dir))
     if display is not None:
         session.reporters.append(display.update)
     try:

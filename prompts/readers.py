@@ -142,6 +142,30 @@ def iter_rows(
     yield from enumerate(rows)
 
 
+def count_rows(source: str) -> int | None:
+    """Rows of a local single-file source, cheaply (parquet metadata, or newlines of JSONL); None otherwise.
+
+    Counted up front so a run's progress has a total from its first second; a JSON array or a Hub
+    stream would have to be read whole, so they are not counted.
+    """
+    path = Path(source).expanduser()
+    if not path.is_file():
+        return None
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    if suffix != ".jsonl":
+        return None
+    lines, last = 0, b"\n"
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
 def dataset_label(source: str) -> str:
     """A short dataset name for ``SourceRef.dataset``: a file's stem, a directory's name, or the hub id."""
     path = Path(source).expanduser()

@@ -113,12 +113,19 @@ def demo(
 def status(
     run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")],
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    report: Annotated[
+        bool, typer.Option("--report", help="Also redraw the plots and rewrite RUN_DIR/report.md.")
+    ] = False,
 ) -> None:
     """Progress per category of a run, read from its finished shards (works on a killed run too)."""
     try:
         found = run_status(run_dir)
     except FileNotFoundError as error:
         fail(str(error))
+    if report:
+        from flows.report.summary import report_from_disk
+
+        console.print(f"report: {report_from_disk(run_dir)}")
     if json_out:
         typer.echo(json.dumps(status_document(found), indent=2))
     else:
@@ -134,6 +141,30 @@ def sim(ctx: typer.Context) -> None:
     from sglang_launch.simulator.server import serve
 
     serve(config_from_args(list(ctx.args)))
+
+
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(help="Port of the server and its UI.")] = 4200,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+) -> None:
+    """Start a local Prefect server with its UI (analytics off) until Ctrl-C; prints what to export."""
+    from flows.prefect_ops import PrefectServer
+
+    server = PrefectServer(host, port, ui=True)
+    try:
+        server.start()
+    except RuntimeError as error:
+        fail(f"{error} (is the port in use? try --port)")
+    console.print(f"Prefect UI: {server.ui_url}")
+    console.print(f"For runs to report there: export PREFECT_API_URL={server.api_url}")
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, like Ctrl-C
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
 
 
 app.command()(export_cli.export)

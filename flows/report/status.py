@@ -16,7 +16,6 @@ from flows.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from flows.config import RunConfig
-    from flows.run.session import RunSession
 
 
 @dataclass
@@ -118,33 +117,3 @@ def expected_prompts(config: RunConfig) -> int | None:
     """Prompts the run will settle, when every category has a limit; None while streaming an unknown total."""
     limits = [c.limit for c in config.categories]
     return None if any(limit is None for limit in limits) else sum(limit or 0 for limit in limits)
-
-
-def progress_fraction(session: RunSession) -> float | None:
-    """Done / expected (see ``expected_prompts``); None when the total is unknown."""
-    total = expected_prompts(session.config)
-    if total is None:
-        return None
-    done = sum(
-        run.counts.already_done + run.sink.tally.rows + run.sink.tally.rejects
-        for run in session.categories.runs.values()
-    )
-    return min(done / total, 1.0) if total else 1.0
-
-
-def progress_markdown(session: RunSession) -> str:
-    """A small table for the Prefect UI."""
-    lines = [
-        f"# Run `{session.config.run.name}`",
-        "",
-        "| category | rows | rejects | truncated | completion tokens |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, tally in session.categories.tallies().items():
-        lines.append(
-            f"| {name} | {tally.rows} | {tally.rejects} | {tally.truncated} | {tally.completion_tokens} |"
-        )
-    snap = session.snapshot()
-    rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
-    lines += ["", f"{snap['elapsed_s']:.0f} s, {rate:.0f} output tok/s, data in `{session.store.run_dir}`"]
-    return "\n".join(lines)

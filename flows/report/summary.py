@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.control.timeline import read_timeline
-from flows.report.plots import plot_controller
+from flows.report.run_plots import plots_markdown, write_plots
 from flows.report.status import RunStatus
 from flows.run.prompt_stream import StreamCounts
 from flows.store.run_store import write_json_atomically
@@ -157,12 +157,55 @@ def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
 def write_report(session: RunSession, status: RunStatus) -> dict[str, Any]:
     summary = run_summary(session, status)
     run_dir = session.store.run_dir
-    plot_controller(read_timeline(run_dir), run_dir / CONTROLLER_PLOT)
     write_json_atomically(summary, run_dir / SUMMARY)
-    (run_dir / REPORT).write_text(report_markdown(summary), encoding="utf-8")
+    write_report_files(run_dir, summary)
     (run_dir / "reports").mkdir(exist_ok=True)
     stamp = summary["finished_at"].replace(":", "").replace("-", "")[:15]
     (run_dir / "reports" / f"summary-{stamp}.json").write_text(
         json.dumps(summary, indent=2), encoding="utf-8"
     )
     return summary
+
+
+def write_report_files(run_dir: Path, summary: dict[str, Any]) -> str:
+    """Draw the plots and write ``report.md`` (the controller plot is in its concurrency section)."""
+    plots = write_plots(run_dir)
+    rest = [(title, name) for title, name in plots if name != CONTROLLER_PLOT]
+    text = report_markdown(summary) + "\n".join(["", *plots_markdown(run_dir, rest)])
+    (run_dir / REPORT).write_text(text, encoding="utf-8")
+    return text
+
+
+def report_with_plots(run_dir: Path, summary: dict[str, Any]) -> str:
+    """The report with every plot inline (for a UI that cannot open files beside ``report.md``)."""
+    plots = write_plots(run_dir)
+    body = [line for line in report_markdown(summary).splitlines() if not line.startswith("![")]
+    return "\n".join([*body, "", *plots_markdown(run_dir, plots, embed=True)])
+
+
+def report_from_disk(run_dir: Path) -> Path:
+    """``datagen status --report``: redraw the plots and rewrite ``report.md`` from the run's files.
+
+    The numbers of the last start come from its ``summary.json``; a run killed before writing one
+    gets the totals on disk and the plots.
+    """
+    path = run_dir / SUMMARY
+    if path.exists():
+        write_report_files(run_dir, json.loads(path.read_text(encoding="utf-8")))
+        return run_dir / REPORT
+    from flows.report.status import run_status
+
+    status = run_status(run_dir)
+    lines = [
+        f"# Run `{run_dir.name}`",
+        "",
+        "No summary.json (the last start was killed before its end): totals read from the files.",
+        "",
+        "| category | rows | training rows | rejects | output tokens |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for c in status.categories:
+        lines.append(f"| {c.name} | {c.rows} | {c.training_rows} | {c.rejects} | {c.completion_tokens} |")
+    lines += ["", *plots_markdown(run_dir, write_plots(run_dir))]
+    (run_dir / REPORT).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return run_dir / REPORT

@@ -53,6 +53,10 @@ class StreamCounts:
     duplicates_across: Counter[str] = field(default_factory=Counter)
     taken: int = 0
     already_done: int = 0
+    yielded: int = 0
+    """Items handed to the pipeline in this run (records to ask and new conversion rejects)."""
+    exhausted: bool = False
+    """The stream has ended (source read or limit reached): ``yielded`` is this run's exact total."""
 
     def steps(self) -> list[tuple[str, int]]:
         """Rows left after each step, in order."""
@@ -185,6 +189,7 @@ def category_items(
     seen_ids: set[str] = set()
     for index, row in opened:
         if category.limit is not None and counts.taken >= category.limit:
+            counts.exhausted = True
             return
         counts.read += 1
         item = stream.convert(index, row)
@@ -200,6 +205,7 @@ def category_items(
             counts.rejected[item.row["reason"]] += 1
             check_early_rejects(category, counts)
             if rid not in state.done_ids:
+                counts.yielded += 1
                 yield item
             continue
         counts.converted += 1
@@ -225,7 +231,9 @@ def category_items(
                 counts.duplicates_across[owner] += 1
             continue
         counts.taken += 1
+        counts.yielded += 1
         yield item
+    counts.exhausted = True
 
 
 def check_early_rejects(category: CategoryConfig, counts: StreamCounts) -> None:

@@ -45,6 +45,7 @@ class Tally:
     retried_attempts: int = 0
     recovered: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
 
     def count_reject(self, reason: str) -> None:
         self.rejects += 1
@@ -160,6 +161,8 @@ async def _ask(
     held[task].completed += 1
     demand.learn(usage.prompt_tokens, usage.completion_tokens)
     tally.rows += 1
+    finish = str(row["finish_reason"])
+    tally.finish_reasons[finish] = tally.finish_reasons.get(finish, 0) + 1
     tally.truncated += TRUNCATED in row["flags"]
     tally.prompt_tokens += usage.prompt_tokens
     tally.completion_tokens += usage.completion_tokens

@@ -87,6 +87,14 @@ class RunSession:
             raise RuntimeError("the session is not open: use `async with RunSession(...)`")
         return self._control
 
+    async def flush(self) -> None:
+        """Write every buffered row now (a shard each): afterwards the files hold all the run made."""
+        await self._flusher.settle()
+        for writer in self.categories.writers():
+            rows = writer.take()
+            if rows:
+                await asyncio.to_thread(writer.write, rows)
+
     def concurrency_summary(self) -> dict[str, Any]:
         """What the controller did (empty when the run stopped before its limiter was built)."""
         return self._control.summary() if self._control is not None else {}

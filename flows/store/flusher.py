@@ -32,9 +32,13 @@ class Flusher:
                     self._writing = asyncio.ensure_future(asyncio.to_thread(writer.write, writer.take()))
                     await asyncio.shield(self._writing)
 
+    async def settle(self) -> None:
+        """Wait for a write under way (if any) to be on disk."""
+        if self._writing is not None:
+            await asyncio.shield(self._writing)
+
     async def drain(self) -> None:
         """After the loop was cancelled: let a write under way finish, then write every buffered row."""
-        if self._writing is not None:
-            await self._writing
+        await self.settle()
         for writer in self._writers():
             writer.flush()

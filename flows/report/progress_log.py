@@ -1,0 +1,63 @@
+"""The run's progress over time: a JSON line every few seconds, for the report's throughput plots.
+
+One file per start (``progress/part-<start>-<host>-<pid>.jsonl``), appended by a session reporter
+(no per-request work). A kill -9 can cut the last line: the reader skips what it cannot parse.
+Times are wall-clock seconds, so the starts of a resumed run follow each other on one axis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flows.run.session import RunSession
+
+PROGRESS_DIR = "progress"
+
+
+class ProgressLog:
+    """A session reporter: ``session.reporters.append(ProgressLog(run_dir))``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        host = "".join(ch if ch.isalnum() else "-" for ch in socket.gethostname())
+        self.path = run_dir / PROGRESS_DIR / f"part-{stamp}-{host}-{os.getpid()}.jsonl"
+
+    def __call__(self, session: RunSession) -> None:
+        snap = session.snapshot()
+        line = {
+            "at": round(time.time(), 3),
+            "rows": snap["rows"],
+            "rejects": snap["rejects"],
+            "completion_tokens": snap["completion_tokens"],
+            "in_flight": snap["in_flight"],
+            "endpoints": [
+                {k: e[k] for k in ("endpoint", "limit", "in_flight", "kv_usage", "queued")}
+                for e in snap["endpoints"]
+            ],
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+
+def read_progress(run_dir: Path) -> list[list[dict[str, Any]]]:
+    """Each start's samples, starts in time order (counters restart at 0 with each start)."""
+    starts = []
+    for path in sorted((run_dir / PROGRESS_DIR).glob("part-*.jsonl")):
+        samples = []
+        for text in path.read_text(encoding="utf-8").splitlines():
+            try:
+                samples.append(json.loads(text))
+            except json.JSONDecodeError:
+                continue
+        if samples:
+            starts.append(samples)
+    starts.sort(key=lambda samples: samples[0]["at"])
+    return starts

@@ -1,0 +1,99 @@
+"""Against a real `prefect server start` (marker `prefect`, run by `.ci/run`): what the UI's API holds.
+
+A run killed with kill -9 leaves its flow run Running; the same command marks it Crashed and runs in
+that same flow run again, exactly once. Each artifact key is one card, updated in place, and its
+numbers are the files' numbers. Run-level events are Prefect logs at INFO.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
+
+from flows.prefect_ops import PrefectServer
+from sglang_launch.simulator import SimConfig, SimulatorProcess
+
+pytestmark = pytest.mark.prefect
+
+FAST = {"time_scale": 0.05, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    with PrefectServer(home=tmp_path_factory.mktemp("prefect-home"), ui=False) as running:
+        yield running
+
+
+def _post(api: str, path: str, body: dict[str, object] | None = None) -> list[dict[str, object]]:
+    response = httpx.post(f"{api}/{path}", json=body or {}, timeout=10)
+    response.raise_for_status()
+    result: list[dict[str, object]] = response.json()
+    return result
+
+
+def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
+    tmp_path: Path, server: PrefectServer
+) -> None:
+    api = server.api_url
+    env = {"PREFECT_API_URL": api, "PREFECT_HOME": str(server.home)}
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 600)
+    config = write_config(tmp_path / "k.toml", name="killtest", output_dir=tmp_path, url="", source=source)
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config.write_text(config.read_text().replace('url = ""', f'url = "{sim.url}"'))
+        first = datagen("run", str(config), env=env)
+        try:
+            wait_for_rows(tmp_path / "killtest", 100, first, timeout_s=180)
+            time.sleep(1.0)
+        finally:
+            kill_group(first)
+        running = [r for r in _post(api, "flow_runs/filter") if r["state_type"] == "RUNNING"]
+        assert {r["name"] for r in running} == {"killtest", "chat"}  # what a SIGKILL leaves behind
+        again = datagen("run", str(config), env=env)
+        out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out.decode()[-3000:]
+    check = check_run(tmp_path / "killtest")
+    assert len(check.row_ids) + len(check.reject_ids) == 600 and check.duplicates == 0
+
+    runs = _post(api, "flow_runs/filter")
+    top = [r for r in runs if r["name"] == "killtest" and r["parent_task_run_id"] is None]
+    assert len(top) == 1, "the resume is the same flow run, retried, not a stranger of the same name"
+    (run,) = top
+    assert run["state_type"] == "COMPLETED" and run["run_count"] == 2
+    states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": run["id"]}, timeout=10).json()
+    assert "CRASHED" in [s["type"] for s in states]
+    assert not [r for r in runs if r["state_type"] in ("RUNNING", "PENDING")]
+    tasks = _post(api, "task_runs/filter")
+    assert not [t for t in tasks if t["state_type"] in ("RUNNING", "PENDING")]
+    assert {t["state_type"] for t in tasks} <= {"COMPLETED", "CRASHED"}
+
+    artifacts = [a for a in _post(api, "artifacts/filter") if a["flow_run_id"] == run["id"]]
+    keys = Counter(a["key"] for a in artifacts)
+    assert set(keys) == {"killtest-progress", "killtest-chat", "killtest-endpoints", "killtest-report"}
+    assert set(keys.values()) == {1}, f"one card per key, updated in place across both starts: {keys}"
+    by_key = {a["key"]: a for a in artifacts}
+    assert by_key["killtest-progress"]["data"] == 100
+    table = {row["metric"]: row["value"] for row in json.loads(str(by_key["killtest-chat"]["data"]))}
+    assert int(table["rows on disk (all starts)"]) == len(check.row_ids)
+    assert int(table["rejects on disk (standing)"]) == len(check.reject_ids)
+    assert (
+        int(table["done before this start"])
+        + int(table["rows (this run)"])
+        + int(table["rejects (this run)"])
+        == 600
+    )
+    assert "## Plots" in str(by_key["killtest-report"]["data"])
+
+    logs = [str(entry["message"]) for entry in _post(api, "logs/filter", {"logs": {"level": {"ge_": 20}}})]
+    assert any("marked Crashed" in line for line in logs)
+    assert any("resumed" in line and "already done are skipped" in line for line in logs)
+    assert any(line.startswith("category chat finished") for line in logs)
+    assert "category chat finished" not in out.decode(), "the terminal stays quiet"
+    assert (tmp_path / "killtest" / "throughput.png").exists()

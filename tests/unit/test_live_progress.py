@@ -1,0 +1,101 @@
+"""The live progress shown in the Prefect UI: a total from the first second, 100% at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from test_status import _run_dir
+from typer.testing import CliRunner
+
+from flows.cli.main import app
+from flows.report.live import Rates, RunEvents, run_progress
+from flows.run.prompt_stream import StreamCounts
+from flows.run.pump import Tally
+from prompts.readers import count_rows
+
+
+def _session(
+    limit: int | None, *, exhausted: bool, yielded: int, rows: int, rejects: int, before: int
+) -> Any:
+    counts = StreamCounts(yielded=yielded, exhausted=exhausted, taken=yielded + before, already_done=before)
+    run = SimpleNamespace(
+        config=SimpleNamespace(limit=limit),
+        counts=counts,
+        sink=SimpleNamespace(tally=Tally(rows=rows, rejects=rejects)),
+    )
+    state = SimpleNamespace(done_ids={f"d{i}" for i in range(before)})
+    return SimpleNamespace(
+        config=SimpleNamespace(categories=[SimpleNamespace(name="c", limit=limit)]),
+        categories=SimpleNamespace(runs={"c": run}, states={"c": state}),
+    )
+
+
+def test_a_counted_source_gives_a_total_and_an_eta_before_its_stream_ends() -> None:
+    session = _session(None, exhausted=False, yielded=40, rows=30, rejects=2, before=10)
+    progress = run_progress(session, 4.0, source_rows={"c": 110})
+    assert progress.total == 100 and progress.percent == 32.0
+    assert progress.eta_s == 17.0 and "at most" in progress.description
+    assert "10 done before this start" in progress.description
+
+
+def test_an_ended_stream_is_the_exact_total_and_a_limit_bounds_it_before() -> None:
+    ended = run_progress(_session(100, exhausted=True, yielded=85, rows=80, rejects=5, before=0), 1.0)
+    assert (ended.total, ended.percent) == (85, 100.0)  # a limit of 100 that only had 85 to ask
+    bounded = run_progress(_session(100, exhausted=False, yielded=50, rows=25, rejects=0, before=0), 1.0)
+    assert (bounded.total, bounded.percent) == (100, 25.0)
+
+
+def test_an_unknown_total_says_so_and_the_end_is_100_percent() -> None:
+    session = _session(None, exhausted=False, yielded=40, rows=10, rejects=0, before=0)
+    progress = run_progress(session, 2.0)
+    assert progress.total is None and progress.percent == 25.0 and "total unknown" in progress.description
+    assert run_progress(session, 2.0, finished=True).percent == 100.0
+
+
+def test_rates_are_over_the_window() -> None:
+    rates = Rates(window_s=10)
+    for second in range(30):
+        rates.add(done=2 * second, tokens=100 * second, at=float(second))
+    assert rates.per_s() == (2.0, 100.0)
+
+
+def test_events_say_back_offs_and_big_changes_only() -> None:
+    views = iter([64, 60, 30, 45])
+    endpoint = SimpleNamespace(client=SimpleNamespace(endpoint="e"), guard=SimpleNamespace(restarts=0))
+
+    def snapshot() -> dict[str, Any]:
+        return {"endpoints": [{"endpoint": "e", "limit": next(views), "reason": "kv"}]}
+
+    session = SimpleNamespace(snapshot=snapshot, pool=SimpleNamespace(endpoints=[endpoint]))
+    events = RunEvents()
+    said = [events.look(session) for _ in range(4)]
+    assert said == [
+        [],
+        [],
+        ["concurrency on e: 60 -> 30 in flight (kv)"],
+        ["concurrency on e: 30 -> 45 in flight (kv)"],
+    ]
+
+
+def test_count_rows_of_jsonl_and_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n{"x": 2}\n{"x": 3}', encoding="utf-8")
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "b.parquet")
+    assert count_rows(str(tmp_path / "a.jsonl")) == 3
+    assert count_rows(str(tmp_path / "b.parquet")) == 2
+    assert count_rows("HuggingFaceH4/ultrachat_200k") is None
+
+
+def test_status_report_redraws_the_plots_of_a_killed_run(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    result = CliRunner().invoke(app, ["status", str(run_dir), "--report"])
+    assert result.exit_code == 0, result.output
+    report = (run_dir / "report.md").read_text()
+    assert "![rows per category and finish reasons](categories.png)" in report
+    assert "![output length per category](lengths.png)" in report
+    assert (run_dir / "categories.png").stat().st_size > 1000 and (run_dir / "lengths.png").exists()
+    assert "| c | 3 | 2 | 2 |" in report
