@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flows.config import RunConfig, parse_config
-from flows.prefect_link import PrefectLink, open_link, prefect_env_defaults
+from flows.orchestration.link import PrefectLink, open_link, prefect_env_defaults
 from flows.report.progress_log import ProgressLog
 from flows.report.status import RunStatus, expected_prompts, run_status
 from flows.report.summary import write_report
@@ -99,7 +99,7 @@ async def _run_session(
                 display.start(expected_prompts(config))
             try:
                 if link is not None:
-                    from flows.prefect_flow import run_with_prefect
+                    from flows.orchestration.flow import run_with_prefect
 
                     await run_with_prefect(session, link)
                 else:

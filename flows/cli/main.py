@@ -44,7 +44,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     """Run a coroutine; turn known problems into one readable line and a non-zero exit."""
     from flows.client.errors import RequestError
-    from flows.prefect_link import PrefectUnavailable
+    from flows.orchestration.link import PrefectUnavailable
     from flows.run.pipeline import SourceError
     from flows.run.pump import RunAborted
     from sglang_launch.launcher import StartupFailed
@@ -149,7 +149,7 @@ def ui(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
 ) -> None:
     """Start a local Prefect server with its UI (analytics off) until Ctrl-C; prints what to export."""
-    from flows.prefect_ops import PrefectServer
+    from flows.orchestration.server import PrefectServer
 
     server = PrefectServer(host, port, ui=True)
     try:

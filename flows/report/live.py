@@ -1,7 +1,7 @@
 """What a live run shows in an orchestrator's UI: progress with a total when one is known, a table per
 category, the endpoints' load, and the run-level events worth a log line.
 
-Plain data from a session (no Prefect here): ``flows/prefect_flow.py`` turns it into artifacts and log
+Plain data from a session (no Prefect here): ``flows/orchestration/flow.py`` turns it into artifacts and log
 lines every few seconds, never per request.
 
 The total of a run is known per category once its prompt stream has ended (``StreamCounts.exhausted``:

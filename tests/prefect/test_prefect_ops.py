@@ -17,7 +17,7 @@ import httpx
 import pytest
 from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
 
-from flows.prefect_ops import PrefectServer
+from flows.orchestration.server import PrefectServer
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
 pytestmark = pytest.mark.prefect

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from flows import prefect_link
-from flows.prefect_link import (
+from flows.orchestration import link as prefect_link
+from flows.orchestration.link import (
     STARTUP_TIMEOUT_ENV,
     PrefectLink,
     PrefectUnavailable,

@@ -3,7 +3,7 @@
 Never a task per request: requests are asyncio inside a shard task. Task results are not persisted
 or cached: the checkpoint store is the only source of truth for what is done, so re-running the
 same command resumes from the store whatever Prefect remembers. If Prefect fails around a flow
-(its API gone), the same pipeline goes on without it (``prefect_link.orchestrated``).
+(its API gone), the same pipeline goes on without it (``link.orchestrated``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.context import FlowRunContext, TagsContext
 from prefect.flow_engine import run_flow_async
 
-from flows.prefect_link import PrefectLink, Unit, discard_prefect_backlog, orchestrated, track
-from flows.prefect_runs import Earlier, run_tag, settle_earlier_runs
+from flows.orchestration.link import PrefectLink, Unit, discard_prefect_backlog, orchestrated, track
+from flows.orchestration.runs import Earlier, run_tag, settle_earlier_runs
 from flows.report.live import Rates, RunEvents, category_table, endpoint_table, run_progress
 from flows.report.status import RunStatus, run_status
 from flows.report.summary import report_with_plots, run_summary
@@ -268,7 +268,7 @@ async def run_with_prefect(session: RunSession, link: PrefectLink, part: str | N
     """The run as a Prefect flow run; if Prefect fails around it, the data path goes on without.
 
     Earlier flow runs of the run directory left Running by a killed process are marked Crashed first,
-    and a start after a crash runs in that same flow run (see ``flows/prefect_runs.py``). Inside a
+    and a start after a crash runs in that same flow run (see ``flows/orchestration/runs.py``). Inside a
     deployment's flow run (``datagen deploy``) the run is a subflow of it and names what it continues.
     """
     tag = run_tag(session.store.run_dir, part)
