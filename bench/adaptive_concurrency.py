@@ -230,7 +230,7 @@ def main() -> None:
                 order = settings[repeat % len(settings) :] + settings[: repeat % len(settings)]
                 for setting in order:
                     runs += 1
-                    run_dir = (args.keep or tmp / "runs") / f"r{runs}-{setting}"
+                    run_dir = (args.keep or tmp / "runs") / f"r{runs}-{setting.replace('@', 'at')}"
                     config = tmp / f"r{runs}.toml"
                     law, _, hz = setting.partition("@")
                     write_config(config, url, run_dir, sources, law)
