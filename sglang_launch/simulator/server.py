@@ -55,6 +55,7 @@ from sglang_launch.simulator.scheduler import QueueFullError
 
 SSE_MEDIA_TYPE = "text/event-stream"
 SHUTDOWN_GRACE_S = 1  # a stopping server cuts open answers after this, as a dying SGLang would
+INTERNAL_ERROR_TEXT = b"Internal Server Error"  # what uvicorn (or a proxy) sends for a crashed handler
 
 
 class ConnectionDropped(Exception):
@@ -141,6 +142,8 @@ async def chat_completions(request: Request) -> Response:
         return _json(exc.body, exc.status)
     if engine.cfg.faults.extra_latency_s:
         await asyncio.sleep(engine.cfg.faults.extra_latency_s)
+    if engine.inject_500():
+        return Response(INTERNAL_ERROR_TEXT, status_code=500, media_type="text/plain; charset=utf-8")
     head = ResponseHeader(uuid.uuid4().hex, int(time.time()), chat.model)
     try:
         ticket = engine.submit(sized, streaming=chat.stream)
@@ -197,9 +200,16 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """SSE chunks as the engine releases tokens; the role chunk comes with the first ones."""
     plan, cursor = ticket.plan, AnswerCursor(ticket.plan)
+    faults, stall_at = engine.cfg.faults, ticket.stall_at
     try:
+        if faults.first_token_delay_s:
+            await asyncio.sleep(faults.first_token_delay_s)
         while True:
             await _wait(ticket)
+            if stall_at is not None and ticket.released >= stall_at:
+                stall_at = None  # silent, connection open: only the client's read timeout ends this
+                engine.stats.streams_stalled += 1
+                await asyncio.sleep(faults.stall_s)
             out = []
             if ticket.released and not cursor.position:
                 out.append(sse(role_chunk(head)))
