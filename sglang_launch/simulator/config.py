@@ -40,7 +40,7 @@ class FaultConfig(BaseModel):
         default=0.0,
         ge=0.0,
         le=1.0,
-        description="share of requests answered HTTP 500 with a plain-text body (a crashing handler or proxy)",
+        description="share of requests answered HTTP 500 with a plain-text body (a crashed handler)",
     )
     stall_stream_rate: float = Field(
         default=0.0, ge=0.0, le=1.0, description="share of streams that go silent mid-answer for stall_s"
