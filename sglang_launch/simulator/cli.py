@@ -38,6 +38,8 @@ def _add_field(parser: argparse._ActionsContainer, name: str, field: FieldInfo) 
         parser.add_argument(
             flag, dest=name, type=_optional_int, default=None, metavar="N|none", help=help_text
         )
+    elif kind == str | None:
+        parser.add_argument(flag, dest=name, type=str, default=None, help=help_text)
     else:
         parser.add_argument(flag, dest=name, type=_SCALARS[kind], default=None, help=help_text)
 

@@ -125,6 +125,9 @@ class SimConfig(BaseModel):
         default="info", description="info shows SGLang's batch lines; warning keeps only retractions"
     )
 
+    api_key: str | None = Field(
+        default=None, description="as SGLang's --api-key: requests without 'Bearer KEY' get 401"
+    )
     faults: FaultConfig = Field(default_factory=FaultConfig)
     seed: int = 0
 

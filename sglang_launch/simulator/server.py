@@ -111,6 +111,25 @@ class _HttpCounter:
         await self.app(scope, receive, counting_send)
 
 
+class _ApiKey:
+    """ASGI middleware: SGLang's ``--api-key`` check (health, metrics and the /sim knobs stay open)."""
+
+    def __init__(self, app: ASGIApp, key: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        open_path = path.startswith(("/health", "/metrics", "/sim/"))
+        if scope["type"] != "http" or self.expected is None or open_path:
+            await self.app(scope, receive, send)
+            return
+        if dict(scope["headers"]).get(b"authorization") == self.expected:
+            await self.app(scope, receive, send)
+            return
+        await _json({"error": "Unauthorized"}, 401)(scope, receive, send)
+
+
 def _unavailable(reason: str) -> Response:
     return _json(error_body(f"The server is not ready ({reason}).", "ServiceUnavailable", 503), 503)
 
@@ -343,7 +362,8 @@ def create_app(cfg: SimConfig) -> Starlette:
     ]
     logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)
     counted = {r.path for r in routes if not r.path.startswith("/sim/")}
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_HttpCounter, routes=counted)])
+    middleware = [Middleware(_HttpCounter, routes=counted), Middleware(_ApiKey, key=cfg.api_key)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
 def serve(cfg: SimConfig) -> None:
