@@ -318,25 +318,29 @@ def _suggest(key: str, known: list[str]) -> str:
 
 
 def explain(error: ValidationError, source: str) -> ConfigError:
-    """Turn pydantic's errors into lines a person can act on: key, problem, fix."""
-    lines = [f"{source}: the config is not valid:"]
+    """Turn pydantic's errors into lines a person can act on: key, problem, fix.
+
+    One problem is one line (``run.toml: concurrency.limit: ...``); several get a line each.
+    """
+    problems = []
     for item in error.errors():
         loc = tuple(item["loc"])
         key = _loc(loc) or "(top level)"
         if item["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key{_suggest(str(loc[-1]), _known_keys(RunConfig, loc))}")
-            continue
+            problems.append(f"{key}: unknown key{_suggest(str(loc[-1]), _known_keys(RunConfig, loc))}")
         elif item["type"] == "missing":
-            lines.append(f"  {key}: required — add it")
+            problems.append(f"{key}: required — add it")
         else:
-            message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key}: {message}")
-    return ConfigError("\n".join(lines))
+            problems.append(f"{key}: {item['msg'].removeprefix('Value error, ')}")
+    if len(problems) == 1:
+        return ConfigError(f"{source}: {problems[0]}")
+    return ConfigError("\n".join([f"{source}: the config is not valid:", *(f"  {p}" for p in problems)]))
 
 
 def _resolve_sources(data: dict[str, Any], base: Path) -> None:
     """Relative local sources are relative to the config file, so a config works from any cwd."""
-    for category in data.get("categories", []) or []:
+    categories = data.get("categories")
+    for category in categories if isinstance(categories, list) else []:
         source = category.get("source") if isinstance(category, dict) else None
         if isinstance(source, str) and not Path(source).is_absolute():
             candidate = base / source
@@ -388,8 +392,15 @@ def load_config(path: Path) -> RunConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"{path}: cannot read the config ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}): save the config as UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    if not data:
+        raise ConfigError(
+            f'{path}: the config is empty: it needs at least [run] name = "..." and one [[categories]] '
+            "(see the README's example)"
+        )
     return parse_config(data, source=str(path), base=path.parent)

@@ -181,7 +181,11 @@ def _allowed(column: str, value: Any, allowed: frozenset[str] | None) -> str | N
 def convert_opencodeinstruct(row: Row) -> Converted:
     """``input`` as the single user turn; the row's ``id`` is the record id."""
     prompt = row.get("input")
-    if not isinstance(prompt, str) or not prompt.strip():
+    if prompt is None:
+        raise ConversionError("missing 'input' column")
+    if not isinstance(prompt, str):
+        raise ConversionError(f"'input' is a {type(prompt).__name__}, not a string")
+    if not prompt.strip():
         raise ConversionError("empty input")
     source_id = row.get("id")
     return Converted(

@@ -61,6 +61,15 @@ format = "messages"
     return path
 
 
+def never_flush(config: Path) -> None:
+    """Shards only at the end: nothing reaches disk on its own, only a stop's final flush saves rows."""
+    config.write_text(
+        config.read_text()
+        .replace("flush_rows = 50", "flush_rows = 100000")
+        .replace("flush_seconds = 1", "flush_seconds = 3600")
+    )
+
+
 @dataclass
 class RunCheck:
     row_ids: list[str]

@@ -36,9 +36,37 @@ NoPrefect = Annotated[
 ]
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM (a scheduler, `kill`) stops like Ctrl-C: buffered rows are flushed before exit."""
-    raise KeyboardInterrupt
+class _Terminated(Exception):
+    """The run was cancelled by SIGTERM; the CLI answers it as it answers Ctrl-C."""
+
+
+async def _stoppable(make: Callable[[], Coroutine[Any, Any, object]]) -> object:
+    """Run ``make()`` so that SIGTERM (a scheduler, `kill`) stops it like Ctrl-C does.
+
+    asyncio answers Ctrl-C by cancelling the main task: every ``finally`` runs, in-flight requests
+    are cancelled (their connections closed) and buffered rows are flushed. SIGTERM gets the same
+    path. A plain signal handler raising KeyboardInterrupt would land in whatever task happens to
+    run, killing it mid-step (a flush, a shard write) and leaving a traceback behind.
+    """
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        if main is not None:
+            main.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await make()
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
@@ -49,9 +77,8 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     from flows.run.pump import RunAborted
     from sglang_launch.launcher import StartupFailed
 
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        asyncio.run(make())
+        asyncio.run(_stoppable(make))
     except (ConfigError, ConfigProblem, FingerprintMismatch, RunLocked) as error:
         fail(str(error))
     except SourceError as error:
@@ -64,7 +91,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(str(error), 3)
     except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
         fail(f"cannot use the endpoint: {error}", 3)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
 
 
@@ -143,6 +170,11 @@ def sim(ctx: typer.Context) -> None:
     serve(config_from_args(list(ctx.args)))
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    """Outside an event loop (``datagen ui``): SIGTERM stops like Ctrl-C."""
+    raise KeyboardInterrupt
+
+
 @app.command()
 def ui(
     port: Annotated[int, typer.Option(help="Port of the server and its UI.")] = 4200,
@@ -158,7 +190,7 @@ def ui(
         fail(f"{error} (is the port in use? try --port)")
     console.print(f"Prefect UI: {server.ui_url}")
     console.print(f"For runs to report there: export PREFECT_API_URL={server.api_url}")
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, like Ctrl-C
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # `kill` stops the server too, like Ctrl-C
     try:
         server.wait()
     except KeyboardInterrupt:

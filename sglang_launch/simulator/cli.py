@@ -45,6 +45,8 @@ def _option(name: str, field: FieldInfo) -> click.Option:
         )
     if kind == int | None:
         return click.Option([flag, name], type=_OptionalInt(), default=None, help=help_text)
+    if kind == str | None:
+        return click.Option([flag, name], type=str, default=None, help=help_text)
     return click.Option([flag, name], type=kind, default=None, help=help_text)
 
 

@@ -36,6 +36,21 @@ class FaultConfig(BaseModel):
     restart_downtime_s: float = Field(
         default=2.0, ge=0.0, description="wall seconds /sim/restart keeps the server unavailable"
     )
+    error_500_rate: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of requests answered HTTP 500 with a plain-text body (a crashed handler)",
+    )
+    stall_stream_rate: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="share of streams that go silent mid-answer for stall_s"
+    )
+    stall_s: float = Field(
+        default=60.0, ge=0.0, description="wall seconds a stalled stream sends nothing (connection kept open)"
+    )
+    first_token_delay_s: float = Field(
+        default=0.0, ge=0.0, description="wall seconds every stream waits after its headers before any token"
+    )
 
 
 class SimConfig(BaseModel):
@@ -110,6 +125,9 @@ class SimConfig(BaseModel):
         default="info", description="info shows SGLang's batch lines; warning keeps only retractions"
     )
 
+    api_key: str | None = Field(
+        default=None, description="as SGLang's --api-key: requests without 'Bearer KEY' get 401"
+    )
     faults: FaultConfig = Field(default_factory=FaultConfig)
     seed: int = 0
 

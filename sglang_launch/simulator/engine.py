@@ -53,6 +53,7 @@ class Ticket:
     prompt_tokens: int
     streaming: bool
     cut_at: int | None = None
+    stall_at: int | None = None
     released: int = 0
     outcome: Outcome | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -66,7 +67,9 @@ class EngineStats:
     requests_completed: int = 0
     rejected_queue_full: int = 0
     injected_503: int = 0
+    injected_500: int = 0
     streams_cut: int = 0
+    streams_stalled: int = 0
     client_aborts: int = 0
 
 
@@ -148,10 +151,18 @@ class Engine:
         except QueueFullError:
             self.stats.rejected_queue_full += 1
             raise
-        ticket = Ticket(rid, plan, sized.prompt_tokens, streaming, cut_at if streaming else None)
+        stall_at = self.faults.stall_point(plan.output_tokens) if streaming else None
+        ticket = Ticket(rid, plan, sized.prompt_tokens, streaming, cut_at if streaming else None, stall_at)
         self.tickets[rid] = ticket
         self._wake.set()
         return ticket
+
+    def inject_500(self) -> bool:
+        """Whether this arriving request gets an HTTP 500 with a plain-text body (counted)."""
+        if not self.faults.fail_with_500():
+            return False
+        self.stats.injected_500 += 1
+        return True
 
     def forget(self, ticket: Ticket) -> None:
         """The handler is done with ``ticket``; a request still in flight is aborted (client gone)."""

@@ -17,6 +17,8 @@ class FaultInjector:
     def __init__(self, faults: FaultConfig, seed: int) -> None:
         self.faults = faults
         self._rng = random.Random(f"faults:{seed}")
+        # Faults added later draw from their own sequence, so the 503s and cuts of a seed stay put.
+        self._later = random.Random(f"faults-later:{seed}")
 
     def reject_with_503(self) -> bool:
         """Whether this arriving request is answered 503 "The request queue is full."."""
@@ -31,3 +33,12 @@ class FaultInjector:
         if output_tokens < 2 or draw >= self.faults.cut_stream_rate:
             return None
         return position
+
+    def fail_with_500(self) -> bool:
+        """Whether this arriving request is answered 500 with a body that is not JSON."""
+        return self._later.random() < self.faults.error_500_rate
+
+    def stall_point(self, output_tokens: int) -> int | None:
+        """After how many tokens this stream goes silent for ``stall_s`` (0: before the first), or None."""
+        draw, position = self._later.random(), self._later.randint(0, max(0, output_tokens - 1))
+        return position if draw < self.faults.stall_stream_rate else None

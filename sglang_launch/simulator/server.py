@@ -56,6 +56,7 @@ from sglang_launch.simulator.scheduler import QueueFullError
 
 SSE_MEDIA_TYPE = "text/event-stream"
 SHUTDOWN_GRACE_S = 1  # a stopping server cuts open answers after this, as a dying SGLang would
+INTERNAL_ERROR_TEXT = b"Internal Server Error"  # what uvicorn (or a proxy) sends for a crashed handler
 
 
 class ConnectionDropped(Exception):
@@ -111,6 +112,25 @@ class _HttpCounter:
         await self.app(scope, receive, counting_send)
 
 
+class _ApiKey:
+    """ASGI middleware: SGLang's ``--api-key`` check (health, metrics and the /sim knobs stay open)."""
+
+    def __init__(self, app: ASGIApp, key: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        open_path = path.startswith(("/health", "/metrics", "/sim/"))
+        if scope["type"] != "http" or self.expected is None or open_path:
+            await self.app(scope, receive, send)
+            return
+        if dict(scope["headers"]).get(b"authorization") == self.expected:
+            await self.app(scope, receive, send)
+            return
+        await _json({"error": "Unauthorized"}, 401)(scope, receive, send)
+
+
 def _unavailable(reason: str) -> Response:
     return _json(error_body(f"The server is not ready ({reason}).", "ServiceUnavailable", 503), 503)
 
@@ -142,6 +162,8 @@ async def chat_completions(request: Request) -> Response:
         return _json(exc.body, exc.status)
     if engine.cfg.faults.extra_latency_s:
         await asyncio.sleep(engine.cfg.faults.extra_latency_s)
+    if engine.inject_500():
+        return Response(INTERNAL_ERROR_TEXT, status_code=500, media_type="text/plain; charset=utf-8")
     head = ResponseHeader(uuid.uuid4().hex, int(time.time()), chat.model)
     try:
         ticket = engine.submit(sized, streaming=chat.stream)
@@ -198,9 +220,16 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """SSE chunks as the engine releases tokens; the role chunk comes with the first ones."""
     plan, cursor = ticket.plan, AnswerCursor(ticket.plan)
+    faults, stall_at = engine.cfg.faults, ticket.stall_at
     try:
+        if faults.first_token_delay_s:
+            await asyncio.sleep(faults.first_token_delay_s)
         while True:
             await _wait(ticket)
+            if stall_at is not None and ticket.released >= stall_at:
+                stall_at = None  # silent, connection open: only the client's read timeout ends this
+                engine.stats.streams_stalled += 1
+                await asyncio.sleep(faults.stall_s)
             out = []
             if ticket.released and not cursor.position:
                 out.append(sse(role_chunk(head)))
@@ -346,7 +375,8 @@ def create_app(cfg: SimConfig) -> Starlette:
     ]
     logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)
     counted = {r.path for r in routes if not r.path.startswith("/sim/")}
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_HttpCounter, routes=counted)])
+    middleware = [Middleware(_HttpCounter, routes=counted), Middleware(_ApiKey, key=cfg.api_key)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
 def serve(cfg: SimConfig) -> None:

@@ -26,6 +26,7 @@ from pipeline_support import (
     children,
     datagen,
     kill_group,
+    rows_on_disk,
     wait_for_rows,
     write_config,
     write_prompts,
@@ -128,25 +129,33 @@ def test_200_prompts_through_real_sglang_under_a_prefect_server(
     assert {a["type"] for a in artifacts} >= {"progress", "markdown"}
 
 
-def test_kill_9_then_rerun_against_real_sglang(tmp_path: Path, sglang_url: str) -> None:
+def test_3_kills_then_rerun_against_real_sglang(tmp_path: Path, sglang_url: str) -> None:
+    """kill -9 three times at random row counts of one run, then the same command: exactly once."""
     config, good = _config(tmp_path, sglang_url, "realkill", 300, max_tokens=96)
     args = ["run", str(config), "--no-prefect"]
-    first = datagen(*args)
-    try:
-        wait_for_rows(tmp_path / "realkill", random.randint(50, 200), first, timeout_s=300)
-    finally:
-        kill_group(first)
-    partial = check_run(tmp_path / "realkill")
-    assert partial.duplicates == 0 and 0 < len(partial.row_ids) < good - 4
-    second = datagen(*args)
-    out, _ = second.communicate(timeout=600)
-    assert second.returncode == 0, out.decode()[-4000:]
-    final = check_run(tmp_path / "realkill")
+    run_dir = tmp_path / "realkill"
+    kept: list[set[str]] = []
+    for _ in range(3):
+        before = rows_on_disk(run_dir)
+        proc = datagen(*args)
+        try:
+            wait_for_rows(run_dir, before + random.randint(20, 60), proc, timeout_s=300)
+        finally:
+            kill_group(proc)
+        partial = check_run(run_dir)
+        assert partial.corrupt_files == [] and partial.duplicates == 0
+        kept.append(set(partial.row_ids))
+    assert kept[0] < kept[1] < kept[2] and len(kept[2]) < good - 4  # each life added rows, work was left
+    last = datagen(*args)
+    out, _ = last.communicate(timeout=600)
+    assert last.returncode == 0, out.decode()[-4000:]
+    final = check_run(run_dir)
     assert final.corrupt_files == [] and final.duplicates == 0
     assert len(final.row_ids) + len(final.reject_ids) == 300
-    assert set(partial.row_ids) <= set(final.row_ids)
-    manifest = json.loads((tmp_path / "realkill" / "manifest.json").read_text())
-    assert len(manifest["history"]) == 2
+    assert kept[2] <= set(final.row_ids)
+    assert not list(run_dir.rglob(".tmp-*"))
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert len(manifest["history"]) == 4
 
 
 def test_run_launches_real_sglang_and_survives_its_crash(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pipeline_support import (
     check_run,
     children,
     datagen,
+    never_flush,
     rows_on_disk,
     wait_for_rows,
     write_config,
@@ -126,12 +127,7 @@ def test_sigterm_flushes_buffered_rows_and_exits_for_a_resume(tmp_path: Path) ->
         config = write_config(
             tmp_path / "run.toml", name="term", output_dir=tmp_path, url=sim.url, source=source
         )
-        # nothing reaches disk on its own: only the shutdown flush can save these rows
-        config.write_text(
-            config.read_text()
-            .replace("flush_rows = 50", "flush_rows = 100000")
-            .replace("flush_seconds = 1", "flush_seconds = 3600")
-        )
+        never_flush(config)
         proc = datagen("run", str(config), "--no-prefect")
         deadline = time.monotonic() + 60
         while not (sim.stats()["requests_completed"] > 200 or time.monotonic() > deadline):

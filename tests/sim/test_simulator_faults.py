@@ -75,6 +75,10 @@ async def test_fault_knobs_change_at_run_time(start_sim: StartSim, captured: Cap
             "cut_stream_rate": 0.0,
             "extra_latency_s": 0.0,
             "restart_downtime_s": 2.0,
+            "error_500_rate": 0.0,
+            "stall_stream_rate": 0.0,
+            "stall_s": 60.0,
+            "first_token_delay_s": 0.0,
         }
         refused = await client.post(CHAT, json=body(4))
         assert refused.status_code == 503 and refused.content == captured.bytes("chat_queue_full_503.json")
@@ -93,6 +97,47 @@ async def test_extra_latency_delays_every_answer(start_sim: StartSim) -> None:
         started = time.monotonic()
         assert (await client.post(CHAT, json=body(2))).status_code == 200
     assert time.monotonic() - started >= 0.3
+
+
+async def test_injected_500s_have_a_body_that_is_not_json(start_sim: StartSim) -> None:
+    sim = start_sim(faults={"error_500_rate": 1.0})
+    async with httpx.AsyncClient(base_url=sim.url, timeout=10) as client:
+        failed = [await client.post(CHAT, json=body(2, stream=stream)) for stream in (False, True)]
+        stats = (await client.get("/sim/stats")).json()
+    assert [r.status_code for r in failed] == [500, 500]
+    assert {r.text for r in failed} == {"Internal Server Error"}
+    assert failed[0].headers["content-type"].startswith("text/plain")
+    assert (stats["injected_500"], stats["requests_received"]) == (2, 0)
+
+
+async def test_a_stalled_stream_sends_nothing_until_the_client_gives_up(start_sim: StartSim) -> None:
+    sim = start_sim(faults={"stall_stream_rate": 1.0, "stall_s": 30.0})
+    timeout = httpx.Timeout(10, read=0.5)
+    async with httpx.AsyncClient(base_url=sim.url, timeout=timeout) as client:
+        started = time.monotonic()
+        lines, error = await read_stream(client, body(40, stream=True))
+        waited = time.monotonic() - started
+        whole = await client.post(CHAT, json=body(4))  # non-streaming answers do not stall
+        await asyncio.sleep(0.2)
+        stats = (await client.get("/sim/stats")).json()
+    assert isinstance(error, httpx.ReadTimeout) and waited < 5
+    assert "data: [DONE]" not in lines
+    assert whole.status_code == 200
+    assert stats["streams_stalled"] == 1
+
+
+async def test_first_token_delay_holds_every_stream_after_its_headers(start_sim: StartSim) -> None:
+    sim = start_sim(faults={"first_token_delay_s": 0.4})
+    async with httpx.AsyncClient(base_url=sim.url, timeout=10) as client:
+        started = time.monotonic()
+        async with client.stream("POST", CHAT, json=body(4, stream=True)) as response:
+            headers_s = time.monotonic() - started
+            lines = response.aiter_lines()
+            first = await anext(lines)
+            first_s = time.monotonic() - started
+            rest = [line async for line in lines]
+    assert response.status_code == 200 and headers_s < 0.3 and first_s >= 0.4
+    assert first.startswith("data: ") and "data: [DONE]" in rest
 
 
 async def test_restart_cuts_everything_goes_down_then_comes_back_reset(start_sim: StartSim) -> None:

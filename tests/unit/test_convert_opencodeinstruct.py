@@ -75,11 +75,19 @@ def test_every_fixture_row_converts_with_its_own_id() -> None:
     }
 
 
-@pytest.mark.parametrize("value", [None, "", "  \n", 42])
-def test_empty_input_is_rejected(value: Any) -> None:
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (None, "missing 'input' column"),
+        ("", "empty input"),
+        ("  \n", "empty input"),
+        (42, "'input' is a int, not a string"),
+    ],
+)
+def test_empty_input_is_rejected(value: Any, reason: str) -> None:
     with pytest.raises(ConversionError) as info:
         convert_opencodeinstruct(with_columns(input=value))
-    assert info.value.reason == "empty input"
+    assert info.value.reason == reason
 
 
 def test_registered_and_the_record_id_is_the_row_id() -> None:
