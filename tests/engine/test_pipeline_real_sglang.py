@@ -167,7 +167,7 @@ def test_run_launches_real_sglang_and_survives_its_crash(tmp_path: Path) -> None
         tmp_path / "run.toml", name="launched", output_dir=tmp_path, url="http://unused", source=source
     )
     env = ", ".join(f'{k} = "{v}"' for k, v in server.env.items())
-    text = config.read_text().replace('[[endpoints]]\nurl = "http://unused"\n', "")
+    text = config.read_text().replace('[[endpoints]]\nurl = "http://unused"\nstream = true\n', "")
     text = text.replace("limit = 64", "limit = 16").replace("max_tokens = 64", "max_tokens = 96")
     text += f"""
 [server]

@@ -94,7 +94,7 @@ async def test_a_launched_server_that_dies_is_restarted_and_the_run_continues(tm
     config = write_config(
         tmp_path / "run.toml", name="launched", output_dir=tmp_path, url="http://unused", source=source
     )
-    text = config.read_text().replace('[[endpoints]]\nurl = "http://unused"\n', "")
+    text = config.read_text().replace('[[endpoints]]\nurl = "http://unused"\nstream = true\n', "")
     text += f"""
 [server]
 launch = true
