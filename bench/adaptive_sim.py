@@ -146,7 +146,7 @@ def print_table(results: dict[str, list[PhaseOutcome]], args: argparse.Namespace
     def med(setting: str, attr: str) -> float:
         return statistics.median(getattr(o, attr) for o in results[setting])
 
-    fixed = [s for s in results if s != "adaptive"]
+    fixed = [s for s in results if s != "adaptive"] or list(results)  # no fixed: ratios to itself
     oracle = {phase: max(med(s, phase) for s in fixed) for phase in ("short_tok_s", "long_tok_s")}
     table = Table(
         title=f"simulator, KV {SEEDS_KV:,} tokens, {args.prompts} prompts, max_tokens {MAX_TOKENS}, "

@@ -14,7 +14,11 @@ The rules, checked in this order each tick (about once a second):
    recomputing work, or is about to run out of memory. Back off multiplicatively below what is in
    flight (once per event: not again while the requests above the new limit drain), hold growth
    for a request's life, and remember the new limit as a ceiling (TCP's ssthresh): above it the
-   law probes one request per quarter of a request's life instead of doubling.
+   law probes once per quarter of a request's life, one request first, then twice as many each
+   probe that meets no back-off, up to the ordinary ``grow`` step (like CUBIC's probing past its
+   last loss: a ceiling set by one burst of long answers must not pin the limit for many lives).
+   A retraction during the hold, with the cache below ``kv_full``, is the same event (the requests
+   admitted before the cut finishing their growth) and cuts nothing more.
 3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
    expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
    running, a moving average, at least a half) turns that into the KV demand the server will see.
@@ -64,8 +68,8 @@ class LawSettings:
     """Occupancy starts at 1 (every request at its final size: the first batch starts together and
     grows together) and learns downwards slowly once answers come back."""
     probe_s: float = 5.0
-    """Above the last back-off's ceiling, one more request per quarter of a request's life (1 s to
-    150 s; this long while no answer has come back): like TCP's one segment per round trip."""
+    """Above the last back-off's ceiling, one probe per quarter of a request's life (1 s to 150 s;
+    this long while no answer has come back): one request, then twice as many each probe."""
     min_occupancy: float = 0.5
     """Requests admitted one after another hold on average at least half of what they end with
     (prompt + half the output): a lower reading is a batch that has only just started."""
@@ -119,6 +123,7 @@ class AdaptiveLimit:
     _hold_until: float = -math.inf
     _occupancy: float = 1.0
     _last_probe: float = -math.inf
+    _probe_step: int = 1
     _slow_start: bool = True
     _ceiling: float = math.inf
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
@@ -175,7 +180,7 @@ class AdaptiveLimit:
         life = obs.in_flight / obs.completions_per_s if obs.completions_per_s > 0 else 0.0
         if restarted:
             self._hold_until = obs.at + s.hold_s
-            self._ceiling = math.inf
+            self._ceiling, self._probe_step = math.inf, 1
             self._slow_start = True
             return min(current, s.initial_limit), "restart detected: cautious start"
         usage = server.kv_usage if server else None
@@ -186,6 +191,9 @@ class AdaptiveLimit:
             if obs.at < self._hold_until and obs.in_flight > current:
                 # one back-off per event: the requests above the new limit are still draining
                 return current, "holding after a back-off: in flight draining to the limit"
+            full = usage is not None and usage >= s.kv_full
+            if obs.at < self._hold_until and retractions and not (full or low_vram):
+                return current, "holding after a back-off: requests admitted before the cut retracted"
             self._hold_until = obs.at + (min(max(life, 2.0), 600.0) if life else s.hold_s)
             if retractions:
                 why = f"{retractions} retraction(s)"
@@ -194,7 +202,7 @@ class AdaptiveLimit:
             else:
                 why = f"KV usage {usage:.2f}"
             backed = math.floor(min(current, max(obs.in_flight, 1)) * s.backoff)
-            self._ceiling = max(backed, s.min_limit)
+            self._ceiling, self._probe_step = max(backed, s.min_limit), 1
             self._slow_start = False
             return backed, f"back off: {why}"
         if budget is not None and budget < current * (1 - s.hysteresis):
@@ -208,11 +216,12 @@ class AdaptiveLimit:
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:
             grown = max(current + 1, math.floor(current * (2.0 if self._slow_start else s.grow)))
-            if grown > self._ceiling:  # past the last back-off: probe one request at a time, slowly
+            if grown > self._ceiling:  # past the last back-off: probe, one request first
                 if current < self._ceiling:
                     grown = max(current + 1, math.floor(self._ceiling))
                 elif obs.at - self._last_probe >= (min(max(life / 4, 1.0), 150.0) if life else s.probe_s):
-                    grown, self._last_probe = current + 1, obs.at
+                    grown = current + min(self._probe_step, max(1, grown - current))
+                    self._last_probe, self._probe_step = obs.at, self._probe_step * 2
                 else:
                     return current, "probing above the last back-off"
             if usage is not None and usage > 0.05:

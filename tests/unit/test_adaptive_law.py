@@ -165,18 +165,26 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
     assert second.occupancy is not None and 0.9 < second.occupancy < 1.0  # learns, slowly, never below 0.5
 
 
-def test_above_the_last_back_off_it_probes_one_request_per_quarter_request_life() -> None:
+def test_above_the_last_back_off_it_probes_each_quarter_request_life_one_request_then_twice_as_many() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40))
     law.observe(obs(0, server(0.7, 40, retracted=0), 40))
     cut = law.observe(obs(1, server(0.95, 40, retracted=1), 40, rate=20.0))  # life 2 s: held until 3
     assert cut.limit == 30  # the ceiling
     limits = []
-    for at in range(3, 15):  # every request lives 20 s now: one more request per 5 s
+    for at in range(3, 15):  # every request lives 20 s now: one probe per 5 s
         n = law.limit
         limits.append(
             law.observe(obs(at, server(0.5, n, retracted=1), n, per_request=100, rate=n / 20)).limit
         )
-    assert limits[0] == 31 and limits[-1] == 33  # +1 at t=3, 8, 13
+    assert limits == [31] * 5 + [33] * 5 + [37] * 2  # +1 at t=3, +2 at t=8, +4 at t=13
+    # a back-off starts the probing over at one request
+    n = law.limit
+    law.observe(obs(15, server(0.99, n, retracted=2), n, per_request=100, rate=n / 20))
+    n = law.limit
+    after = [
+        law.observe(obs(at, server(0.5, n, retracted=2), n, per_request=100, rate=n / 20)) for at in (40, 60)
+    ]
+    assert [d.limit - d.previous for d in after] == [1, 2]
 
 
 def test_low_free_gpu_memory_backs_off_and_released_memory_is_a_restart() -> None:
@@ -197,5 +205,9 @@ def test_one_back_off_per_event_while_the_requests_above_the_limit_drain() -> No
     # the stale gauges still say full and the counter still climbs, but 60 are still draining to 45
     held = law.observe(obs(2, server(0.99, 58, retracted=4), 58, per_request=100))
     assert held.limit == 45 and "draining" in held.reason
+    # in flight is down to the limit and the cache is below full: the retraction is of requests
+    # admitted before the cut, the same event
+    same = law.observe(obs(3, server(0.9, 45, retracted=7), 45, per_request=100))
+    assert same.limit == 45 and "before the cut" in same.reason
     # once in flight is down to the limit and it is still full, that is a new event
-    assert law.observe(obs(3, server(0.99, 45, retracted=6), 45, per_request=100)).limit == 33
+    assert law.observe(obs(4, server(0.99, 45, retracted=8), 45, per_request=100)).limit == 33
