@@ -57,8 +57,9 @@ class LawSettings:
     backoff: float = 0.75
     hold_s: float = 10.0
     """After a back-off growth is held for one request's life (in flight / completions per second,
-    Little's law; 2 s to 10 min): the cut must show in the gauges first. This long while no answer
-    has come back yet."""
+    Little's law, averaged over ticks: completions come in bursts, and the tick of a back-off, with
+    the whole batch mid-answer, is when the instant rate is lowest; 2 s to 10 min): the cut must
+    show in the gauges first. This long while no answer has come back yet."""
     staleness_s: float = 2.0
     min_queue: int = 2
     min_free_vram_bytes: int = 1 << 30
@@ -124,6 +125,8 @@ class AdaptiveLimit:
     _occupancy: float = 1.0
     _last_probe: float = -math.inf
     _probe_step: int = 1
+    _life_s: float = 0.0
+    """A request's life (Little's law), a moving average; 0 until answers come back."""
     _slow_start: bool = True
     _ceiling: float = math.inf
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
@@ -177,7 +180,7 @@ class AdaptiveLimit:
         s, server, current = self.settings, obs.server, self._limit
         if not obs.healthy:
             return current, "endpoint down"
-        life = obs.in_flight / obs.completions_per_s if obs.completions_per_s > 0 else 0.0
+        life = self._learn_life(obs)
         if restarted:
             self._hold_until = obs.at + s.hold_s
             self._ceiling, self._probe_step = math.inf, 1
@@ -267,6 +270,14 @@ class AdaptiveLimit:
         if capacity is not None:
             self._last_capacity = capacity
         return came_back or counter_back or resized
+
+    def _learn_life(self, obs: Observation) -> float:
+        """In flight / completions per second, averaged like the occupancy (0 until answers come)."""
+        if obs.completions_per_s > 0 and obs.in_flight > 0:
+            instant = obs.in_flight / obs.completions_per_s
+            alpha = self.settings.occupancy_alpha * 2
+            self._life_s = instant if not self._life_s else self._life_s + alpha * (instant - self._life_s)
+        return self._life_s
 
     def _learn_occupancy(self, obs: Observation) -> None:
         """KV tokens used per projected token of the requests running (a moving average).

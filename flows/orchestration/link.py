@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from flows.orchestration.zombies import HEARTBEAT_ENV, HEARTBEAT_S, ensure_zombie_automation
+
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
@@ -51,6 +53,7 @@ class PrefectUnavailable(RuntimeError):
 def prefect_env_defaults(env: dict[str, str] | os._Environ[str] = os.environ) -> None:
     """Settings Prefect reads at import: set only where the user has not chosen a value."""
     env.setdefault(STARTUP_TIMEOUT_ENV, str(STARTUP_TIMEOUT_S))
+    env.setdefault(HEARTBEAT_ENV, str(HEARTBEAT_S))  # a dead run is found in 90 s, not 9 minutes
 
 
 class _Server(Protocol):
@@ -196,6 +199,10 @@ async def open_link(say: Callable[[str], None]) -> PrefectLink | None:
                 "(rows are written as usual; the Prefect UI is not updated)"
             )
             return None
+        try:
+            await ensure_zombie_automation()
+        except Exception:
+            log.warning("could not create the automation that marks dead flow runs Crashed", exc_info=True)
         return PrefectLink(configured, say=say)
     await asyncio.to_thread(start_ephemeral)
     from prefect.server.api.server import SubprocessASGIServer

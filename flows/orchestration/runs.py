@@ -85,6 +85,9 @@ async def settle_earlier_runs(tag: str, *, reuse: bool = True) -> Earlier:
         latest = latest_runs[0] if latest_runs else None
         if latest is not None:
             latest = await client.read_flow_run(latest.id)
+            if latest.state is not None and latest.state.type == StateType.CRASHED:
+                # Crashed by Prefect's zombie automation, which sets the flow run only
+                await _crash_children(client, latest.id)
     state = latest.state.type if latest is not None and latest.state is not None else None
     again = latest if reuse and latest is not None and state in RETRY_IN_PLACE else None
     return Earlier(crashed, again, latest)
@@ -99,6 +102,15 @@ CRASH_MESSAGE = (
 async def _crash_tree(client: PrefectClient, flow_run_id: UUID) -> None:
     """Crash a flow run, its Running/Pending task runs and its subflows (recursively)."""
     await client.set_flow_run_state(flow_run_id, Crashed(message=CRASH_MESSAGE), force=True)
+    await _crash_children(client, flow_run_id)
+
+
+async def _crash_children(client: PrefectClient, flow_run_id: UUID) -> None:
+    """Crash a flow run's Running/Pending task runs and subflows, and theirs (recursively).
+
+    Subflows already Crashed (by Prefect's zombie automation, which sets flow runs only) are looked
+    into as well: their task runs are still Running.
+    """
     tasks = await client.read_task_runs(
         task_run_filter=TaskRunFilter(
             state=TaskRunFilterState(type=TaskRunFilterStateType(any_=UNFINISHED)),
@@ -110,8 +122,11 @@ async def _crash_tree(client: PrefectClient, flow_run_id: UUID) -> None:
     children = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(
             parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=UNFINISHED)),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[*UNFINISHED, StateType.CRASHED])),
         )
     )
     for child in children:
-        await _crash_tree(client, child.id)
+        if child.state is not None and child.state.type in UNFINISHED:
+            await _crash_tree(client, child.id)
+        else:
+            await _crash_children(client, child.id)

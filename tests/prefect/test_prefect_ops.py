@@ -97,3 +97,48 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     assert any(line.startswith("category chat finished") for line in logs)
     assert "category chat finished" not in out.decode(), "the terminal stays quiet"
     assert (tmp_path / "killtest" / "throughput.png").exists()
+
+
+def test_a_dead_run_is_marked_crashed_by_the_heartbeat_automation_without_a_new_start(
+    tmp_path: Path, server: PrefectServer
+) -> None:
+    """Nobody starts the run again: Prefect itself finds it dead (no heartbeat for 90 s)."""
+    api = server.api_url
+    env = {"PREFECT_API_URL": api, "PREFECT_HOME": str(server.home)}
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 2000)
+    config = write_config(tmp_path / "z.toml", name="zombie", output_dir=tmp_path, url="", source=source)
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config.write_text(config.read_text().replace('url = ""', f'url = "{sim.url}"'))
+        first = datagen("run", str(config), env=env)
+        try:
+            wait_for_rows(tmp_path / "zombie", 20, first, timeout_s=180)
+        finally:
+            kill_group(first)
+        automations = httpx.post(f"{api}/automations/filter", json={}, timeout=10).json()
+        assert [a["name"] for a in automations].count("datagen: mark dead flow runs Crashed") == 1
+        killed_at = time.monotonic()
+        deadline = killed_at + 240
+        runs: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            runs = [r for r in _post(api, "flow_runs/filter") if r["name"] == "zombie"]
+            parents = {"flow_runs": {"parent_flow_run_id": {"any_": [r["id"] for r in runs]}}}
+            runs += _post(api, "flow_runs/filter", parents) if runs else []
+            if runs and all(r["state_type"] == "CRASHED" for r in runs):
+                break
+            time.sleep(3)
+        crashed_after_s = time.monotonic() - killed_at
+        assert {r["name"] for r in runs} == {"zombie", "chat"}
+        assert all(r["state_type"] == "CRASHED" for r in runs), [(r["name"], r["state_type"]) for r in runs]
+        assert crashed_after_s <= 150, f"marked Crashed {crashed_after_s:.0f} s after the kill"
+        print(f"marked Crashed {crashed_after_s:.0f} s after the kill")
+        again = datagen("run", str(config), env=env)
+        out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out.decode()[-3000:]
+    check = check_run(tmp_path / "zombie")
+    assert len(check.row_ids) + len(check.reject_ids) == 2000 and check.duplicates == 0
+    (top,) = [r for r in _post(api, "flow_runs/filter") if r["name"] == "zombie"]
+    assert top["state_type"] == "COMPLETED" and top["run_count"] == 2  # the Crashed run, retried in place
+    ids = {top["id"], *(r["id"] for r in runs)}
+    left = [t for t in _post(api, "task_runs/filter") if t["flow_run_id"] in ids]
+    assert left and not [t for t in left if t["state_type"] in ("RUNNING", "PENDING")]

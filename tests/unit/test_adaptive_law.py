@@ -74,14 +74,15 @@ def test_stops_growing_at_the_target_usage() -> None:
 
 def test_a_retraction_backs_off_below_in_flight_and_holds_growth_for_a_request_life() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40))
-    law.observe(obs(0, server(0.7, 40, retracted=3), 40))  # first reading: the counter's baseline
-    # 40 in flight, 4 answers a second: a request lives 10 s (Little's law)
-    decision = law.observe(obs(1, server(0.95, 40, retracted=5), 40, rate=4.0))
+    # first reading: the counter's baseline; 40 in flight, 4 answers a second: a request lives 10 s
+    law.observe(obs(0, server(0.7, 40, retracted=3), 40, rate=4.0))
+    # the tick of the back-off sees a lull in answers (the batch is mid-answer): the life is an average
+    decision = law.observe(obs(1, server(0.95, 40, retracted=5), 40, rate=2.0))
     assert decision.retractions == 2 and decision.reason.startswith("back off")
     assert decision.limit == 30  # 40 * 0.75
-    for at in (2, 5, 9):  # room again, but held for one request life
-        assert law.observe(obs(at, server(0.3, 30, retracted=5), 30)).limit == 30
-    assert law.observe(obs(12, server(0.3, 30, retracted=5), 30)).limit > 30
+    for at in (2, 5, 9, 12):  # room again, but held for one request life (12 s: 10 s, then 20 s once)
+        assert law.observe(obs(at, server(0.3, 30, retracted=5), 30, rate=3.0)).limit == 30
+    assert law.observe(obs(14, server(0.3, 30, retracted=5), 30, rate=3.0)).limit > 30
 
 
 def test_a_full_kv_cache_backs_off_even_without_a_counter() -> None:
@@ -167,22 +168,22 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
 
 def test_above_the_last_back_off_it_probes_each_quarter_request_life_one_request_then_twice_as_many() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40))
-    law.observe(obs(0, server(0.7, 40, retracted=0), 40))
-    cut = law.observe(obs(1, server(0.95, 40, retracted=1), 40, rate=20.0))  # life 2 s: held until 3
+    law.observe(obs(0, server(0.7, 40, retracted=0), 40, rate=2.0))  # every request lives 20 s
+    cut = law.observe(obs(1, server(0.95, 40, retracted=1), 40, rate=2.0))  # held until 21
     assert cut.limit == 30  # the ceiling
     limits = []
-    for at in range(3, 15):  # every request lives 20 s now: one probe per 5 s
+    for at in range(21, 33):  # one probe per 5 s
         n = law.limit
         limits.append(
             law.observe(obs(at, server(0.5, n, retracted=1), n, per_request=100, rate=n / 20)).limit
         )
-    assert limits == [31] * 5 + [33] * 5 + [37] * 2  # +1 at t=3, +2 at t=8, +4 at t=13
+    assert limits == [31] * 5 + [33] * 5 + [37] * 2  # +1 at t=21, +2 at t=26, +4 at t=31
     # a back-off starts the probing over at one request
     n = law.limit
-    law.observe(obs(15, server(0.99, n, retracted=2), n, per_request=100, rate=n / 20))
+    law.observe(obs(33, server(0.99, n, retracted=2), n, per_request=100, rate=n / 20))
     n = law.limit
     after = [
-        law.observe(obs(at, server(0.5, n, retracted=2), n, per_request=100, rate=n / 20)) for at in (40, 60)
+        law.observe(obs(at, server(0.5, n, retracted=2), n, per_request=100, rate=n / 20)) for at in (60, 80)
     ]
     assert [d.limit - d.previous for d in after] == [1, 2]
 
