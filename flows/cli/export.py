@@ -82,7 +82,10 @@ Format = Annotated[
 ]
 Out = Annotated[
     Path | None,
-    typer.Option(help="Where to write (default RUN_DIR/exports/specforge.jsonl or RUN_DIR/exports/hf)."),
+    typer.Option(
+        help="Where to write (default RUN_DIR/exports/specforge.jsonl or RUN_DIR/exports/hf; "
+        "needed for a run at a URL)."
+    ),
 ]
 IncludeFlagged = Annotated[
     bool,
@@ -113,7 +116,7 @@ Private = Annotated[bool, typer.Option("--private", help="Create the Hub repo pr
 
 
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")],
+    run_dir: Annotated[str, typer.Argument(help="A run directory (e.g. output/demo) or its URL.")],
     fmt: Format,
     out: Out = None,
     include_flagged: IncludeFlagged = False,

@@ -149,10 +149,10 @@ class _LiveView:
     async def _finish(self, completed: bool) -> None:
         session = self.session
         await session.flush()
-        status = await asyncio.to_thread(run_status, session.store.run_dir)
+        status = await asyncio.to_thread(run_status, session.store)
         await self.tick(finished=completed, status=status)
         summary = run_summary(session, status)
-        report = await asyncio.to_thread(report_with_plots, session.store.run_dir, summary)
+        report = await asyncio.to_thread(report_with_plots, session.config.run_dir, summary)
         await self._card("report").put(
             MarkdownArtifact(key=f"{self.key}-report", markdown=report, description="run report")
         )
@@ -271,7 +271,7 @@ async def run_with_prefect(session: RunSession, link: PrefectLink, part: str | N
     and a start after a crash runs in that same flow run (see ``flows/orchestration/runs.py``). Inside a
     deployment's flow run (``datagen deploy``) the run is a subflow of it and names what it continues.
     """
-    tag = run_tag(session.store.run_dir, part)
+    tag = run_tag(session.config.run_dir, part)
     inside = FlowRunContext.get() is not None
     earlier: Earlier | None = None
     try:
