@@ -63,12 +63,14 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
+def atomic_file(path: Path, mode: str = "wb", *, writer: str = "") -> Iterator[IO[Any]]:
     """Write under a temporary name, fsync, rename, fsync the directory: the file is whole or absent.
 
     A failure while writing removes the temporary file and leaves any previous ``path`` untouched.
+    ``writer`` goes into the temporary name when several processes may write one file at once (the
+    parts of a run, each rewriting the manifest), so none renames away another's temporary file.
     """
-    tmp = path.with_name(TMP_PREFIX + path.name)
+    tmp = path.with_name(TMP_PREFIX + writer + path.name)
     try:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as handle:
             yield handle
@@ -216,7 +218,8 @@ class RunStore:
     # -- bytes -----------------------------------------------------------------------------------
     def _put(self, path: str, data: bytes) -> None:
         if self.local:
-            with atomic_file(Path(path)) as handle:
+            writer = f"{self.part.label}-" if self.part is not None else ""
+            with atomic_file(Path(path), writer=writer) as handle:
                 handle.write(data)
         else:
             self.fs.pipe_file(path, data)

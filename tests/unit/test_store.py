@@ -237,3 +237,17 @@ def test_a_refused_start_leaves_the_parts_temporary_files_alone(tmp_path: Path) 
     with pytest.raises(PartsMismatch):
         RunStore(tmp_path / "run").open_run("fp", {})
     assert [p.name for p in folder.iterdir()] == [".tmp-part-1-of-2-9.parquet"]
+
+
+def test_parts_starting_at_once_never_take_each_others_temporary_manifest(tmp_path: Path) -> None:
+    """Found by two parts started together: both wrote `.tmp-manifest.json` and one rename failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def starts(index: int) -> None:
+        for _ in range(60):
+            RunStore(tmp_path / "run", Part(index, 2)).open_run("fp", {})
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(starts, (1, 2)))  # re-raises a failed rename
+    manifest = RunStore(tmp_path / "run").read_manifest()
+    assert manifest is not None and manifest["parts"] == 2
