@@ -56,6 +56,9 @@ def summary_lines(result: ExportResult) -> list[str]:
         lines.append(f"Left out {tally.left_out_rows} flagged rows ({flags}); --include-flagged keeps them")
     if tally.duplicates:
         lines.append(f"Skipped {tally.duplicates} repeated ids (rows written twice by racing processes)")
+    if tally.rows_by_part:
+        parts = sorted(tally.rows_by_part.items(), key=lambda item: int(item[0].split("/")[0]))
+        lines.append("Rows per part: " + ", ".join(f"{part} {n}" for part, n in parts))
     lines.append(f"Path: {result.path}")
     return lines + _system_prompt_lines(result) + _usage(result)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 from collections import Counter
@@ -49,6 +50,7 @@ import pyarrow as pa
 from datasets import Dataset, load_from_disk
 
 from flows.store.location import local_path
+from flows.store.parts import part_of_file
 from flows.store.run_store import TMP_PREFIX, RunStore, atomic_file, fsync_dir
 from flows.store.schema import ROW_FEATURES
 
@@ -95,6 +97,8 @@ class ExportTally:
     duplicates: int = 0
     without_system: Counter[str] = field(default_factory=Counter)
     """Exported rows per category whose conversation has no system turn (see ``trainer_templates``)."""
+    rows_by_part: Counter[str] = field(default_factory=Counter)
+    """Exported rows per part (``"2/4"``) of a run split with ``--part``; empty for a whole run."""
 
     @property
     def rows(self) -> int:
@@ -212,6 +216,7 @@ def iter_selected_rows(
     for category in categories:
         seen: set[str] = set()
         for path in store.shard_files(store.data_dir(category)):
+            part = part_of_file(posixpath.basename(path))
             for rows in _iter_batches(store, path, columns):
                 for row in rows:
                     flags = row.get("flags") or []
@@ -224,6 +229,8 @@ def iter_selected_rows(
                         continue
                     seen.add(row["id"])
                     tally.rows_by_category[category] += 1
+                    if part is not None:
+                        tally.rows_by_part[part] += 1
                     yield row
 
 
