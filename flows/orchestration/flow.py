@@ -187,7 +187,13 @@ def _slug(text: str) -> str:
 
 
 def _key(session: RunSession) -> str:
-    return _slug(session.config.run.name)
+    """The run's artifact keys: each part of a split run has its own cards (``<run>-part-2-of-4-...``)."""
+    return _slug(_flow_run_name(session))
+
+
+def _flow_run_name(session: RunSession) -> str:
+    part = session.store.part
+    return session.config.run.name + (f"-{part.label}" if part is not None else "")
 
 
 class _Units:
@@ -284,7 +290,7 @@ async def run_with_prefect(session: RunSession, link: PrefectLink, part: str | N
     watcher = asyncio.create_task(link.watch())
 
     async def start(unit: Unit) -> object:
-        parameters = {"run_name": session.config.run.name, "unit_key": units.key(unit)}
+        parameters = {"run_name": _flow_run_name(session), "unit_key": units.key(unit)}
         with tags(tag):
             if earlier is not None and earlier.continue_in is not None:
                 return await run_flow_async(datagen_flow, flow_run=earlier.continue_in, parameters=parameters)
