@@ -21,6 +21,7 @@ from flows.report.export import (
     push_export,
 )
 from flows.report.trainer_templates import SystemPromptCheck, template_warning, unchecked_hint
+from flows.store.location import LocationError
 
 
 def _split_categories(value: str | None) -> tuple[str, ...] | None:
@@ -140,7 +141,7 @@ def export(
             result = export_specforge(run_dir, out, selection, reasoning or Reasoning.FIELD, trainer_template)
         else:
             result = export_hf(run_dir, out, selection)
-    except ExportError as error:
+    except (ExportError, LocationError) as error:
         fail(str(error))
     for line in summary_lines(result):
         _print(line)

@@ -21,6 +21,7 @@ from flows.config import ConfigError, load_config
 from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
+from flows.store.location import LocationError
 from flows.store.parts import Part, PartError
 from flows.store.run_lock import RunLocked
 from flows.store.run_store import FingerprintMismatch, PartsMismatch
@@ -157,7 +158,7 @@ def status(
     """Progress per category of a run, read from its finished shards (works on a killed run too)."""
     try:
         found = run_status(run_dir)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, LocationError) as error:
         fail(str(error))
     if report:
         from flows.report.summary import report_from_disk

@@ -16,6 +16,10 @@ from fsspec.core import split_protocol
 LOCAL_PROTOCOLS = (None, "file", "local")
 
 
+class LocationError(ValueError):
+    """A location no installed file system can open (the CLI exits 2 with this line)."""
+
+
 def local_path(location: str) -> Path | None:
     """The local folder a location names; None for a remote one."""
     protocol, path = split_protocol(location)
@@ -30,16 +34,16 @@ def join(location: str, name: str) -> str:
 
 
 def check_location(location: str) -> str:
-    """The location, if a file system for it is known and installed; else a ValueError saying what to do."""
+    """The location, if a file system for it is known and installed; else a LocationError saying why."""
     protocol, _ = split_protocol(location)
     if protocol in LOCAL_PROTOCOLS:
         return location
     try:
         fsspec.get_filesystem_class(protocol)
     except ImportError as error:  # e.g. s3:// without s3fs
-        raise ValueError(f"{protocol}:// needs a package that is not installed ({error})") from None
+        raise LocationError(f"{protocol}:// needs a package that is not installed ({error})") from None
     except ValueError:
-        raise ValueError(
+        raise LocationError(
             f"unknown file system {protocol!r}: use a local folder or an fsspec URL such as "
             "s3://bucket/runs, gs://bucket/runs or file:///data/runs"
         ) from None

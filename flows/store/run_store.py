@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from datasets import Features
 from fsspec.implementations.local import LocalFileSystem
 
+from flows.store.location import check_location
 from flows.store.parts import Part
 from flows.store.schema import REJECT_FEATURES, ROW_FEATURES, arrow_schema
 
@@ -191,7 +192,7 @@ class RunStore:
     """
 
     def __init__(self, location: str | os.PathLike[str], part: Part | None = None) -> None:
-        self.location = str(location)
+        self.location = check_location(str(location))
         self.fs, self.root = fsspec.core.url_to_fs(self.location)
         self.local = isinstance(self.fs, LocalFileSystem)
         self.part = part
