@@ -166,7 +166,10 @@ def status(
 
         local = local_path(run_dir)
         if local is None:
-            fail("--report redraws the report in the run's local folder: give that folder, not the URL")
+            fail(
+                "--report redraws the plots of a local run directory; a run at a URL gets its report "
+                "in each machine's local_dir at the end of every start"
+            )
             return
         console.print(f"report: {report_from_disk(local)}")
     if json_out:

@@ -80,3 +80,20 @@ def test_status_and_export_of_an_unknown_file_system_are_one_line_and_exit_2() -
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2 and "unknown file system 'nope'" in result.output, result.output
         assert "Traceback" not in result.output
+
+
+def test_status_of_a_url_reads_it_and_report_asks_for_a_local_run(tmp_path: Path) -> None:
+    url = f"memory://status-{tmp_path.name}/run"
+    store = RunStore(url, Part(1, 1))
+    store.open_run("fp", {"categories": [{"name": "c"}]})
+    rows = store.row_writer("c", flush_rows=10, flush_seconds=60)
+    rows.add(_row("a"))
+    rows.flush()
+    try:
+        result = CliRunner().invoke(app, ["status", url, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["by_part"] == {"1/1": {"rows": 1, "rejects": 0}}
+        refused = CliRunner().invoke(app, ["status", url, "--report"])
+        assert refused.exit_code == 2 and "a run at a URL gets its report" in refused.output
+    finally:
+        store.fs.rm(store.root, recursive=True)
