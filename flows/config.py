@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from flows.store.location import check_location, join, local_path
 from prompts.categories import expand
 from sglang_launch.server_config import ServerConfig
 
@@ -69,7 +70,16 @@ DEFAULT_GENERATION = GenerationConfig(max_tokens=2048, temperature=0.7, top_p=1.
 
 class RunSection(_Strict):
     name: SafeName = Field(description="Run name: the folder under output_dir.")
-    output_dir: Path = Path("output")
+    output_dir: Annotated[str, AfterValidator(check_location)] = Field(
+        default="output",
+        description="Where the run's folder goes: a local folder or an fsspec URL "
+        "(file:///data/runs, s3://bucket/runs, gs://bucket/runs).",
+    )
+    local_dir: Path = Field(
+        default=Path("output"),
+        description="For an output_dir URL: the local folder of the run's own files (lock, progress "
+        "log, controller timeline, report, server logs).",
+    )
 
 
 class EndpointConfig(_Strict):
@@ -256,8 +266,15 @@ class RunConfig(_Strict):
         raise KeyError(name)
 
     @property
+    def run_location(self) -> str:
+        """Where the run's data goes (manifest, shards): a local path or a URL."""
+        return join(self.run.output_dir, self.run.name)
+
+    @property
     def run_dir(self) -> Path:
-        return self.run.output_dir / self.run.name
+        """The local folder of the run's own files: the run's folder itself when its data is local."""
+        local = local_path(self.run_location)
+        return local if local is not None else self.run.local_dir / self.run.name
 
 
 def fingerprint(config: RunConfig, model: str) -> str:

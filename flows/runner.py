@@ -21,6 +21,7 @@ from flows.report.summary import write_report
 from flows.run.endpoints import ConfigProblem
 from flows.run.pipeline import Pipeline
 from flows.run.session import RunSession
+from flows.store.parts import Part
 from flows.store.run_lock import RunLock
 from prompts.readers import missing_local
 from sglang_launch.simulator import SimConfig
@@ -75,21 +76,25 @@ async def execute(
     force: bool = False,
     use_prefect: bool = True,
     display: RunDisplay | None = None,
+    part: Part | None = None,
 ) -> RunStatus:
-    """Run (or resume) the config; return the status read back from disk."""
+    """Run (or resume) the config, or only its ``part`` of the prompts; return the status read from disk.
+
+    The status is of the whole run (every part's shards): what a person wants to see after a part.
+    """
     missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
     if missing:
         raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
-    with RunLock(config.run_dir):  # one orchestrator per run directory, refused before anything starts
+    with RunLock(config.run_dir, part):  # one orchestrator per run directory (and part), refused at once
         say = display.warn if display is not None else log.warning
         link: PrefectLink | None = await open_link(say) if use_prefect else None
-        return await _run_session(config, link, force=force, display=display)
+        return await _run_session(config, link, force=force, display=display, part=part)
 
 
 async def _run_session(
-    config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None
+    config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None, part: Part | None
 ) -> RunStatus:
-    session = RunSession(config, force=force)
+    session = RunSession(config, force=force, part=part)
     session.reporters.append(ProgressLog(config.run_dir))
     if display is not None:
         session.reporters.append(display.update)
@@ -101,7 +106,7 @@ async def _run_session(
                 if link is not None:
                     from flows.orchestration.flow import run_with_prefect
 
-                    await run_with_prefect(session, link)
+                    await run_with_prefect(session, link, None if part is None else part.label)
                 else:
                     await Pipeline(session).run_plain()
             finally:
@@ -110,7 +115,7 @@ async def _run_session(
                     display.stop()
     finally:
         if session.fingerprint:  # the run directory was opened: explain it, even after a failure
-            status = run_status(config.run_dir)
+            status = run_status(session.store)
             summary = write_report(session, status)
     if display is not None:
         display.summary(summary, status)

@@ -92,6 +92,19 @@ def status_table(status: RunStatus) -> Table:
 
 def print_status(status: RunStatus) -> None:
     console.print(status_table(status))
+    by_part = status.by_part()
+    if by_part:
+        table = Table(title=f"parts (the run is split in {status.parts})")
+        for column in ("part", "rows", "rejects"):
+            table.add_column(column, justify="left" if column == "part" else "right")
+        for part, numbers in by_part.items():
+            table.add_row(part, str(numbers["rows"]), str(numbers["rejects"]))
+        console.print(table)
+    if status.repeated_rows:
+        console.print(
+            f"[bold red]{status.repeated_rows} rows repeat an id already written[/] (two processes wrote "
+            "one part, or parts of different splits): `datagen export` keeps one row per id"
+        )
     reasons = [(c.name, reason, n) for c in status.categories for reason, n in c.reject_reasons.most_common()]
     if reasons:
         table = Table(title="rejects by reason")
@@ -126,10 +139,13 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
         + (f", server restarts: {summary['server_restarts']}" if summary["server_restarts"] else "")
     )
     if summary["resumed"]:
-        already = sum(c["steps"]["after dedup"] - c["steps"]["to ask (not done yet)"] for c in categories)
+        already = sum(c["already_done"] for c in categories)
         console.print(f"Resumed: {already} prompts were already done and were not asked again.")
-    data_dir = Path(status.run_dir) / "data"
-    console.print(f"[bold]Data:[/] {data_dir}   [bold]Report:[/] {Path(status.run_dir) / 'report.md'}")
+    if summary["part"]:
+        others = sum(c["other_parts"] for c in categories)
+        console.print(f"Part {summary['part']}: {others} prompts were left to the other parts.")
+    data_dir = f"{status.run_dir}/data"
+    console.print(f"[bold]Data:[/] {data_dir}   [bold]Report:[/] {Path(summary['local_dir']) / 'report.md'}")
     console.print(
         f'Load it: datasets.load_dataset("parquet", data_dir="{data_dir}") '
         "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`, "

@@ -21,6 +21,7 @@ from flows.report.export import (
     push_export,
 )
 from flows.report.trainer_templates import SystemPromptCheck, template_warning, unchecked_hint
+from flows.store.location import LocationError
 
 
 def _split_categories(value: str | None) -> tuple[str, ...] | None:
@@ -56,6 +57,9 @@ def summary_lines(result: ExportResult) -> list[str]:
         lines.append(f"Left out {tally.left_out_rows} flagged rows ({flags}); --include-flagged keeps them")
     if tally.duplicates:
         lines.append(f"Skipped {tally.duplicates} repeated ids (rows written twice by racing processes)")
+    if tally.rows_by_part:
+        parts = sorted(tally.rows_by_part.items(), key=lambda item: int(item[0].split("/")[0]))
+        lines.append("Rows per part: " + ", ".join(f"{part} {n}" for part, n in parts))
     lines.append(f"Path: {result.path}")
     return lines + _system_prompt_lines(result) + _usage(result)
 
@@ -82,7 +86,10 @@ Format = Annotated[
 ]
 Out = Annotated[
     Path | None,
-    typer.Option(help="Where to write (default RUN_DIR/exports/specforge.jsonl or RUN_DIR/exports/hf)."),
+    typer.Option(
+        help="Where to write (default RUN_DIR/exports/specforge.jsonl or RUN_DIR/exports/hf; "
+        "needed for a run at a URL)."
+    ),
 ]
 IncludeFlagged = Annotated[
     bool,
@@ -113,7 +120,7 @@ Private = Annotated[bool, typer.Option("--private", help="Create the Hub repo pr
 
 
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")],
+    run_dir: Annotated[str, typer.Argument(help="A run directory (e.g. output/demo) or its URL.")],
     fmt: Format,
     out: Out = None,
     include_flagged: IncludeFlagged = False,
@@ -134,7 +141,7 @@ def export(
             result = export_specforge(run_dir, out, selection, reasoning or Reasoning.FIELD, trainer_template)
         else:
             result = export_hf(run_dir, out, selection)
-    except ExportError as error:
+    except (ExportError, LocationError) as error:
         fail(str(error))
     for line in summary_lines(result):
         _print(line)

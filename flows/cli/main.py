@@ -21,8 +21,10 @@ from flows.config import ConfigError, load_config
 from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
+from flows.store.location import LocationError
+from flows.store.parts import Part, PartError
 from flows.store.run_lock import RunLocked
-from flows.store.run_store import FingerprintMismatch
+from flows.store.run_store import FingerprintMismatch, PartsMismatch
 
 app = typer.Typer(
     help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
@@ -79,7 +81,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
 
     try:
         asyncio.run(_stoppable(make))
-    except (ConfigError, ConfigProblem, FingerprintMismatch, RunLocked) as error:
+    except (ConfigError, ConfigProblem, FingerprintMismatch, PartsMismatch, RunLocked) as error:
         fail(str(error))
     except SourceError as error:
         fail(f"{error}. Rows of the other categories are saved; fix the source and rerun to resume.")
@@ -102,16 +104,25 @@ def run(
         bool, typer.Option("--force", help="Add to a run made with another prompt/sampling config.")
     ] = False,
     no_prefect: NoPrefect = False,
+    part: Annotated[
+        str | None,
+        typer.Option(
+            "--part",
+            help="Only part i of K (e.g. 2/4, counted from 1): K machines share the prompts by a hash "
+            "of their id, each writing its own shards into one output location.",
+        ),
+    ] = None,
     verbose: Verbose = False,
 ) -> None:
     """Run or resume CONFIG against its endpoints (resume = the same command again)."""
     configure(verbose)
     try:
         cfg = load_config(config)
-    except ConfigError as error:
+        split = None if part is None else Part.parse(part)
+    except (ConfigError, PartError) as error:
         fail(str(error))
         return
-    _run(lambda: execute(cfg, force=force, use_prefect=not no_prefect, display=LiveProgress()))
+    _run(lambda: execute(cfg, force=force, use_prefect=not no_prefect, display=LiveProgress(), part=split))
 
 
 @app.command()
@@ -138,7 +149,7 @@ def demo(
 
 @app.command()
 def status(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. output/demo.")],
+    run_dir: Annotated[str, typer.Argument(help="A run directory (e.g. output/demo) or its URL.")],
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     report: Annotated[
         bool, typer.Option("--report", help="Also redraw the plots and rewrite RUN_DIR/report.md.")
@@ -147,12 +158,20 @@ def status(
     """Progress per category of a run, read from its finished shards (works on a killed run too)."""
     try:
         found = run_status(run_dir)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, LocationError) as error:
         fail(str(error))
     if report:
         from flows.report.summary import report_from_disk
+        from flows.store.location import local_path
 
-        console.print(f"report: {report_from_disk(run_dir)}")
+        local = local_path(run_dir)
+        if local is None:
+            fail(
+                "--report redraws the plots of a local run directory; a run at a URL gets its report "
+                "in each machine's local_dir at the end of every start"
+            )
+            return
+        console.print(f"report: {report_from_disk(local)}")
     if json_out:
         typer.echo(json.dumps(status_document(found), indent=2))
     else:

@@ -149,10 +149,10 @@ class _LiveView:
     async def _finish(self, completed: bool) -> None:
         session = self.session
         await session.flush()
-        status = await asyncio.to_thread(run_status, session.store.run_dir)
+        status = await asyncio.to_thread(run_status, session.store)
         await self.tick(finished=completed, status=status)
         summary = run_summary(session, status)
-        report = await asyncio.to_thread(report_with_plots, session.store.run_dir, summary)
+        report = await asyncio.to_thread(report_with_plots, session.config.run_dir, summary)
         await self._card("report").put(
             MarkdownArtifact(key=f"{self.key}-report", markdown=report, description="run report")
         )
@@ -187,7 +187,13 @@ def _slug(text: str) -> str:
 
 
 def _key(session: RunSession) -> str:
-    return _slug(session.config.run.name)
+    """The run's artifact keys: each part of a split run has its own cards (``<run>-part-2-of-4-...``)."""
+    return _slug(_flow_run_name(session))
+
+
+def _flow_run_name(session: RunSession) -> str:
+    part = session.store.part
+    return session.config.run.name + (f"-{part.label}" if part is not None else "")
 
 
 class _Units:
@@ -271,7 +277,7 @@ async def run_with_prefect(session: RunSession, link: PrefectLink, part: str | N
     and a start after a crash runs in that same flow run (see ``flows/orchestration/runs.py``). Inside a
     deployment's flow run (``datagen deploy``) the run is a subflow of it and names what it continues.
     """
-    tag = run_tag(session.store.run_dir, part)
+    tag = run_tag(session.config.run_dir, part)
     inside = FlowRunContext.get() is not None
     earlier: Earlier | None = None
     try:
@@ -284,7 +290,7 @@ async def run_with_prefect(session: RunSession, link: PrefectLink, part: str | N
     watcher = asyncio.create_task(link.watch())
 
     async def start(unit: Unit) -> object:
-        parameters = {"run_name": session.config.run.name, "unit_key": units.key(unit)}
+        parameters = {"run_name": _flow_run_name(session), "unit_key": units.key(unit)}
         with tags(tag):
             if earlier is not None and earlier.continue_in is not None:
                 return await run_flow_async(datagen_flow, flow_run=earlier.continue_in, parameters=parameters)

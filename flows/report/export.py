@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 from collections import Counter
@@ -46,10 +47,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from datasets import Dataset, load_from_disk
 
-from flows.store.run_store import TMP_PREFIX, RunStore, atomic_file, fsync_dir, shard_files
+from flows.store.location import local_path
+from flows.store.parts import part_of_file
+from flows.store.run_store import TMP_PREFIX, RunStore, atomic_file, fsync_dir
 from flows.store.schema import ROW_FEATURES
 
 EXPORTS_DIR = "exports"
@@ -95,6 +97,8 @@ class ExportTally:
     duplicates: int = 0
     without_system: Counter[str] = field(default_factory=Counter)
     """Exported rows per category whose conversation has no system turn (see ``trainer_templates``)."""
+    rows_by_part: Counter[str] = field(default_factory=Counter)
+    """Exported rows per part (``"2/4"``) of a run split with ``--part``; empty for a whole run."""
 
     @property
     def rows(self) -> int:
@@ -111,8 +115,12 @@ class ExportResult:
     trainer_template: str | None = None
 
 
-def default_out(run_dir: Path, fmt: ExportFormat) -> Path:
-    return run_dir / EXPORTS_DIR / ("specforge.jsonl" if fmt is ExportFormat.SPECFORGE else "hf")
+def default_out(run_dir: str | Path, fmt: ExportFormat) -> Path:
+    """``<run>/exports/...`` for a local run; a run at a URL needs ``--out`` (exports are written locally)."""
+    local = local_path(str(run_dir))
+    if local is None:
+        raise ExportError(f"{run_dir} is not a local folder: say where the export goes with --out")
+    return local / EXPORTS_DIR / ("specforge.jsonl" if fmt is ExportFormat.SPECFORGE else "hf")
 
 
 # -- pure conversion --------------------------------------------------------------------------------
@@ -167,7 +175,8 @@ def specforge_record(row: dict[str, Any], reasoning: Reasoning) -> dict[str, Any
 
 
 # -- reading the run --------------------------------------------------------------------------------
-def open_run(run_dir: Path) -> RunStore:
+def open_run(run_dir: str | Path) -> RunStore:
+    """The run's store (a local folder or a URL); every part's shards are read."""
     store = RunStore(run_dir)
     if store.read_manifest() is None:
         raise ExportError(f"{run_dir} is not a run directory (no manifest.json)")
@@ -186,9 +195,9 @@ def resolve_categories(store: RunStore, wanted: Iterable[str] | None) -> list[st
     return chosen
 
 
-def _iter_batches(path: Path, columns: list[str] | None) -> Iterator[list[dict[str, Any]]]:
+def _iter_batches(store: RunStore, path: str, columns: list[str] | None) -> Iterator[list[dict[str, Any]]]:
     try:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        for batch in store.parquet_file(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
             yield batch.to_pylist()
     except (OSError, pa.ArrowException) as error:
         raise ExportError(
@@ -206,8 +215,9 @@ def iter_selected_rows(
     """Rows to export, category by category, shard by shard; ``tally`` counts as they pass."""
     for category in categories:
         seen: set[str] = set()
-        for path in shard_files(store.data_dir(category)):
-            for rows in _iter_batches(path, columns):
+        for path in store.shard_files(store.data_dir(category)):
+            part = part_of_file(posixpath.basename(path))
+            for rows in _iter_batches(store, path, columns):
                 for row in rows:
                     flags = row.get("flags") or []
                     if flags and not selection.include_flagged:
@@ -219,6 +229,8 @@ def iter_selected_rows(
                         continue
                     seen.add(row["id"])
                     tally.rows_by_category[category] += 1
+                    if part is not None:
+                        tally.rows_by_part[part] += 1
                     yield row
 
 
@@ -243,7 +255,7 @@ def _swap_in_dir(tmp: Path, path: Path) -> None:
 
 
 def export_specforge(
-    run_dir: Path,
+    run_dir: str | Path,
     out: Path | None = None,
     selection: Selection | None = None,
     reasoning: Reasoning = Reasoning.FIELD,
@@ -290,7 +302,9 @@ def _build_dataset(rows: Iterator[dict[str, Any]], cache_dir: Path) -> Dataset:
     )
 
 
-def export_hf(run_dir: Path, out: Path | None = None, selection: Selection | None = None) -> ExportResult:
+def export_hf(
+    run_dir: str | Path, out: Path | None = None, selection: Selection | None = None
+) -> ExportResult:
     """``save_to_disk`` of the selected rows with the declared features."""
     selection = selection or Selection()
     store = open_run(run_dir)

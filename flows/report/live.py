@@ -233,10 +233,10 @@ class RunEvents:
         done = sum(len(state.done_ids) for state in session.categories.states.values())
         if session.resumed:
             return (
-                f"run {session.config.run.name} resumed in {session.store.run_dir}: {done} prompts "
+                f"run {session.config.run.name} resumed in {session.store.url()}: {done} prompts "
                 f"already done are skipped (categories: {names})"
             )
-        return f"run {session.config.run.name} started in {session.store.run_dir} (categories: {names})"
+        return f"run {session.config.run.name} started in {session.store.url()} (categories: {names})"
 
     @staticmethod
     def category_line(name: str, run: CategoryRun) -> str:

@@ -71,9 +71,9 @@ def plot_throughput(run_dir: Path, path: Path) -> bool:
     return True
 
 
-def category_numbers(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Per category on disk: rows, finish reasons, and each row's output length."""
-    store = RunStore(run_dir)
+def category_numbers(data: str | Path) -> dict[str, dict[str, Any]]:
+    """Per category in the run's data (every part's): rows, finish reasons, each row's output length."""
+    store = RunStore(data)
     numbers: dict[str, dict[str, Any]] = {}
     for name in store.categories_on_disk():
         finish: Counter[str] = Counter()
@@ -125,9 +125,13 @@ def plot_lengths(numbers: dict[str, dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def write_plots(run_dir: Path) -> list[tuple[str, str]]:
-    """Draw every plot the run's files allow; (title, file name) of each one drawn, in report order."""
-    numbers = category_numbers(run_dir)
+def write_plots(run_dir: Path, data: str | Path) -> list[tuple[str, str]]:
+    """Draw every plot the run's files allow; (title, file name) of each one drawn, in report order.
+
+    The plots go to the run's local folder ``run_dir``; ``data`` is where its shards are (the same
+    folder, or a URL).
+    """
+    numbers = category_numbers(data)
     drawn = []
     if plot_throughput(run_dir, run_dir / THROUGHPUT_PLOT):
         drawn.append(("output tok/s and requests in flight", THROUGHPUT_PLOT))

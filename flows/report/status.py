@@ -6,12 +6,14 @@ run that is going, finished, or was killed an hour ago.
 
 from __future__ import annotations
 
+import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.run.quality import TRUNCATED
+from flows.store.parts import part_of_file
 from flows.store.run_store import RunStore
 
 if TYPE_CHECKING:
@@ -30,6 +32,10 @@ class CategoryStatus:
     prompt_tokens: int = 0
     limit: int | None = None
     reject_reasons: Counter[str] = field(default_factory=Counter)
+    repeated_rows: int = 0
+    """Rows whose id is already in another row: never made by the store, but counted, not hidden."""
+    rows_by_part: Counter[str] = field(default_factory=Counter)
+    rejects_by_part: Counter[str] = field(default_factory=Counter)
 
     @property
     def training_rows(self) -> int:
@@ -38,9 +44,12 @@ class CategoryStatus:
 
 @dataclass
 class RunStatus:
-    run_dir: Path
+    run_dir: str
+    """Where the run's data is: a local path or a URL."""
     fingerprint: str | None
     categories: list[CategoryStatus]
+    parts: int | None = None
+    """The number of parts the run was split into (``--part i/K``), None for a whole run."""
 
     @property
     def rows(self) -> int:
@@ -50,40 +59,70 @@ class RunStatus:
     def rejects(self) -> int:
         return sum(c.rejects for c in self.categories)
 
+    @property
+    def repeated_rows(self) -> int:
+        return sum(c.repeated_rows for c in self.categories)
+
+    def by_part(self) -> dict[str, dict[str, int]]:
+        """Rows and standing rejects per part (``"1/4"``), in part order; empty for a whole run."""
+        names = {part for c in self.categories for part in (*c.rows_by_part, *c.rejects_by_part)}
+        ordered = sorted(names, key=lambda name: int(name.split("/")[0]))
+        return {
+            part: {
+                "rows": sum(c.rows_by_part[part] for c in self.categories),
+                "rejects": sum(c.rejects_by_part[part] for c in self.categories),
+            }
+            for part in ordered
+        }
+
 
 def category_status(store: RunStore, name: str, limit: int | None = None) -> CategoryStatus:
+    """A category's numbers from the union of every part's shards."""
     status = CategoryStatus(name=name, limit=limit)
     state = store.category_state(name)
-    for row in store.iter_row_columns(name, ["flags", "usage"]):
-        status.rows += 1
-        flags = row["flags"] or []
-        status.flagged += bool(flags)
-        status.truncated += TRUNCATED in flags
-        usage = row["usage"] or {}
-        status.completion_tokens += usage.get("completion_tokens") or 0
-        status.prompt_tokens += usage.get("prompt_tokens") or 0
+    seen: set[str] = set()
+    for path, table in store.shard_tables(store.data_dir(name), ["id", "flags", "usage"]):
+        part = part_of_file(posixpath.basename(path))
+        for row in table.to_pylist():
+            status.rows += 1
+            status.repeated_rows += row["id"] in seen
+            seen.add(row["id"])
+            if part is not None:
+                status.rows_by_part[part] += 1
+            flags = row["flags"] or []
+            status.flagged += bool(flags)
+            status.truncated += TRUNCATED in flags
+            usage = row["usage"] or {}
+            status.completion_tokens += usage.get("completion_tokens") or 0
+            status.prompt_tokens += usage.get("prompt_tokens") or 0
     standing = state.effective_reject_ids
-    latest: dict[str, dict[str, Any]] = {}
-    for reject in store.iter_rejects(name):
-        if reject["id"] in standing:
-            latest[reject["id"]] = reject
+    latest: dict[str, tuple[dict[str, Any], str | None]] = {}
+    columns = ["id", "stage", "reason", "retryable"]
+    for path, table in store.shard_tables(store.rejects_dir(name), columns):
+        part = part_of_file(posixpath.basename(path))
+        for reject in table.to_pylist():
+            if reject["id"] in standing:
+                latest[reject["id"]] = (reject, part)
     status.rejects = len(latest)
-    status.retryable_rejects = sum(1 for r in latest.values() if r["retryable"])
-    status.reject_reasons = Counter(f"{r['stage']}: {r['reason']}" for r in latest.values())
+    status.retryable_rejects = sum(1 for r, _ in latest.values() if r["retryable"])
+    status.reject_reasons = Counter(f"{r['stage']}: {r['reason']}" for r, _ in latest.values())
+    status.rejects_by_part = Counter(part for _, part in latest.values() if part is not None)
     return status
 
 
-def run_status(run_dir: Path) -> RunStatus:
-    store = RunStore(run_dir)
+def run_status(where: RunStore | str | Path) -> RunStatus:
+    """The run's status from its files: ``where`` is its store, local folder or URL."""
+    store = where if isinstance(where, RunStore) else RunStore(where)
     manifest = store.read_manifest()
     if manifest is None:
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no manifest.json)")
+        raise FileNotFoundError(f"{store.url()} is not a run directory (no manifest.json)")
     limits = {c["name"]: c.get("limit") for c in manifest.get("config", {}).get("categories", [])}
     names = list(limits) + [n for n in store.categories_on_disk() if n not in limits]
     return RunStatus(
-        run_dir=run_dir,
+        run_dir=store.url(),
         fingerprint=manifest.get("fingerprint"),
         categories=[category_status(store, name, limits.get(name)) for name in names],
+        parts=manifest.get("parts"),
     )
 
 
@@ -94,6 +133,9 @@ def status_document(status: RunStatus) -> dict[str, Any]:
         "fingerprint": status.fingerprint,
         "rows": status.rows,
         "rejects": status.rejects,
+        "repeated_rows": status.repeated_rows,
+        "parts": status.parts,
+        "by_part": status.by_part(),
         "categories": [
             {
                 "name": c.name,
@@ -107,6 +149,7 @@ def status_document(status: RunStatus) -> dict[str, Any]:
                 "prompt_tokens": c.prompt_tokens,
                 "completion_tokens": c.completion_tokens,
                 "reject_reasons": dict(c.reject_reasons),
+                "repeated_rows": c.repeated_rows,
             }
             for c in status.categories
         ],

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from flows.report.run_plots import plots_markdown, write_plots
 from flows.report.status import RunStatus
 from flows.run.prompt_stream import StreamCounts
+from flows.store.location import local_path
 from flows.store.run_store import write_json_atomically
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
                 "conversion_rejects": dict(counts.rejected),
                 "duplicates": counts.duplicates,
                 "duplicates_of_other_categories": dict(counts.duplicates_across),
+                "already_done": counts.already_done,
+                "other_parts": counts.other_parts,
                 "this_run": {
                     "rows": tally.rows,
                     "rejects": tally.rejects,
@@ -64,7 +67,9 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
     snap = session.snapshot()
     return {
         "run": session.config.run.name,
-        "run_dir": str(session.store.run_dir),
+        "run_dir": session.store.url(),
+        "local_dir": str(session.config.run_dir),
+        "part": None if session.store.part is None else str(session.store.part),
         "fingerprint": session.fingerprint,
         "model": session.model,
         "finished_at": datetime.now(UTC).isoformat(),
@@ -156,7 +161,7 @@ def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
 
 def write_report(session: RunSession, status: RunStatus) -> dict[str, Any]:
     summary = run_summary(session, status)
-    run_dir = session.store.run_dir
+    run_dir = session.config.run_dir
     write_json_atomically(summary, run_dir / SUMMARY)
     write_report_files(run_dir, summary)
     (run_dir / "reports").mkdir(exist_ok=True)
@@ -167,9 +172,18 @@ def write_report(session: RunSession, status: RunStatus) -> dict[str, Any]:
     return summary
 
 
+def _data(run_dir: Path, summary: dict[str, Any]) -> str | Path:
+    """Where the run's shards are: its local folder, or the URL its summary names (``output_dir`` a URL).
+
+    A local run's own folder wins over the path in its summary, which may be relative to where the
+    run was started.
+    """
+    return run_dir if local_path(summary["run_dir"]) is not None else summary["run_dir"]
+
+
 def write_report_files(run_dir: Path, summary: dict[str, Any]) -> str:
     """Draw the plots and write ``report.md`` (the controller plot is in its concurrency section)."""
-    plots = write_plots(run_dir)
+    plots = write_plots(run_dir, _data(run_dir, summary))
     rest = [(title, name) for title, name in plots if name != CONTROLLER_PLOT]
     text = report_markdown(summary) + "\n".join(["", *plots_markdown(run_dir, rest)])
     (run_dir / REPORT).write_text(text, encoding="utf-8")
@@ -178,7 +192,7 @@ def write_report_files(run_dir: Path, summary: dict[str, Any]) -> str:
 
 def report_with_plots(run_dir: Path, summary: dict[str, Any]) -> str:
     """The report with every plot inline (for a UI that cannot open files beside ``report.md``)."""
-    plots = write_plots(run_dir)
+    plots = write_plots(run_dir, _data(run_dir, summary))
     body = [line for line in report_markdown(summary).splitlines() if not line.startswith("![")]
     return "\n".join([*body, "", *plots_markdown(run_dir, plots, embed=True)])
 
@@ -206,6 +220,6 @@ def report_from_disk(run_dir: Path) -> Path:
     ]
     for c in status.categories:
         lines.append(f"| {c.name} | {c.rows} | {c.training_rows} | {c.rejects} | {c.completion_tokens} |")
-    lines += ["", *plots_markdown(run_dir, write_plots(run_dir))]
+    lines += ["", *plots_markdown(run_dir, write_plots(run_dir, run_dir))]
     (run_dir / REPORT).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return run_dir / REPORT

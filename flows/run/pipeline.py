@@ -59,7 +59,9 @@ class Pipeline:
         """Stream the category's prompts into shards and run a few shards at once."""
         categories = self.session.categories
         run = categories.get(category)
-        items = category_items(run.config, categories.states[category], run.counts, dedup=categories.dedup)
+        state = categories.states[category]
+        part = categories.store.part
+        items = category_items(run.config, state, run.counts, dedup=categories.dedup, part=part)
         size = self.session.config.store.shard_prompts
         window = self.shard_window()
         active: set[asyncio.Task[None]] = set()

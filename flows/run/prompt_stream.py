@@ -18,6 +18,7 @@ from typing import Any
 from flows.config import CategoryConfig
 from flows.run.regen import first_turn
 from flows.run.rows import raw_row_id, reject_row
+from flows.store.parts import Part
 from flows.store.run_store import CategoryState
 from prompts.dedup import DedupIndex, prompt_key, sample_score
 from prompts.errors import ConversionError
@@ -53,6 +54,8 @@ class StreamCounts:
     duplicates_across: Counter[str] = field(default_factory=Counter)
     taken: int = 0
     already_done: int = 0
+    other_parts: int = 0
+    """Records (and conversion rejects) that belong to other parts of a run split with ``--part``."""
     yielded: int = 0
     """Items handed to the pipeline in this run (records to ask and new conversion rejects)."""
     exhausted: bool = False
@@ -70,7 +73,7 @@ class StreamCounts:
             ("converted", after_convert),
             ("after quota", after_quota),
             ("after dedup", after_dedup),
-            ("to ask (not done yet)", after_dedup - self.already_done),
+            ("to ask (not done yet)", after_dedup - self.already_done - self.other_parts),
         ]
 
 
@@ -173,11 +176,16 @@ def category_items(
     *,
     dedup: DedupIndex | None = None,
     rows_again: Callable[[], Rows] | None = None,
+    part: Part | None = None,
 ) -> Iterator[PromptRecord | Reject]:
     """Records still to ask, and conversion rejects not yet recorded, in source order.
 
     ``rows_again`` re-opens the source for a count quota's extra pass (defaults to re-reading it).
+    With ``part``, only the items whose id is the part's are handed out, but every part walks the
+    whole stream: dedup claims and the ``limit`` count every part's records, so each part takes
+    exactly its share of what one unsplit run would take, with no word from the others.
     """
+    mine = part.owns if part is not None else (lambda _: True)
     stream = CategoryStream(category)
     opened = rows if rows is not None else source_rows(category)
     quota = category.quota
@@ -204,7 +212,9 @@ def category_items(
             seen_ids.add(rid)
             counts.rejected[item.row["reason"]] += 1
             check_early_rejects(category, counts)
-            if rid not in state.done_ids:
+            if not mine(rid):
+                counts.other_parts += 1
+            elif rid not in state.done_ids:
                 counts.yielded += 1
                 yield item
             continue
@@ -220,9 +230,12 @@ def category_items(
             counts.duplicates += 1
             continue
         seen_ids.add(item.id)
-        if item.id in state.done_ids:
+        if item.id in state.done_ids:  # its prompt's dedup key was claimed when the done-set was read
             counts.taken += 1
-            counts.already_done += 1
+            if mine(item.id):
+                counts.already_done += 1
+            else:
+                counts.other_parts += 1
             continue
         owner = index_.claim(dedup_key(item, category), category.name)
         if owner is not None:
@@ -231,6 +244,9 @@ def category_items(
                 counts.duplicates_across[owner] += 1
             continue
         counts.taken += 1
+        if not mine(item.id):
+            counts.other_parts += 1
+            continue
         counts.yielded += 1
         yield item
     counts.exhausted = True

@@ -25,6 +25,7 @@ from flows.run.categories import Categories
 from flows.run.endpoints import EndpointPool
 from flows.run.pump import Patience
 from flows.store.flusher import Flusher
+from flows.store.parts import Part
 from flows.store.run_store import RunStore
 
 log = logging.getLogger(__name__)
@@ -35,10 +36,12 @@ Reporter = Callable[["RunSession"], Awaitable[None] | None]
 class RunSession:
     """Use with ``async with``: opens the store (fingerprint checked); flushes every row at exit."""
 
-    def __init__(self, config: RunConfig, *, force: bool = False, report_every_s: float = 2.0) -> None:
+    def __init__(
+        self, config: RunConfig, *, force: bool = False, part: Part | None = None, report_every_s: float = 2.0
+    ) -> None:
         self.config = config
         self.force = force
-        self.store = RunStore(config.run_dir)
+        self.store = RunStore(config.run_location, part)
         self.pool = EndpointPool(config)
         self.categories = Categories(config, self.store)
         self.started = time.monotonic()

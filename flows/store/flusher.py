@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 
 from flows.store.run_store import ShardWriter
 
@@ -17,7 +16,7 @@ class Flusher:
 
     def __init__(self, writers: Callable[[], list[ShardWriter]]) -> None:
         self._writers = writers
-        self._writing: asyncio.Future[Path | None] | None = None
+        self._writing: asyncio.Future[str | None] | None = None
 
     async def loop(self) -> None:
         """Write due shards in a worker thread, so an fsync never pauses the streams being read.

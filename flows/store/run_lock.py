@@ -18,6 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from flows.store.parts import Part
+
 LOCK_FILE = ".lock"
 
 
@@ -26,35 +28,38 @@ class RunLocked(RuntimeError):
 
 
 class RunLock:
-    """Hold ``<run_dir>/.lock`` for the life of a run; refuses at once when another process holds it."""
+    """Hold ``<run_dir>/.lock`` for the life of a run; refuses at once when another process holds it.
 
-    def __init__(self, run_dir: Path) -> None:
+    The parts of a run split with ``--part i/K`` share the directory: each holds ``.lock`` shared
+    and its own ``.lock-part-i-of-K`` exclusively, so parts run side by side, a part never twice,
+    and a whole (unsplit) run never beside any part.
+    """
+
+    def __init__(self, run_dir: Path, part: Part | None = None) -> None:
         self.path = run_dir / LOCK_FILE
-        self._fd: int | None = None
+        self.part = part
+        self._fds: list[int] = []
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if self.part is None:
+            self._fds = [_take(self.path, fcntl.LOCK_EX, "")]
+            return
+        whose = f"part {self.part}: "
+        shared = _take(self.path, fcntl.LOCK_SH, whose)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read(fd)
-            os.close(fd)
-            raise RunLocked(
-                f"{self.path.parent} is in use by another datagen run ({holder or 'holder unknown'}): "
-                "wait for it to end, or stop it; a killed run releases the directory at once"
-            ) from None
-        os.ftruncate(fd, 0)
-        started = datetime.now(UTC).isoformat(timespec="seconds")
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
-        self._fd = fd
+            own = _take(self.path.with_name(f"{LOCK_FILE}-{self.part.label}"), fcntl.LOCK_EX, whose)
+        except RunLocked:
+            os.close(shared)
+            raise
+        self._fds = [own, shared]
 
     def release(self) -> None:
-        if self._fd is not None:
+        for fd in self._fds:
             with contextlib.suppress(OSError):
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        self._fds = []
 
     def __enter__(self) -> Self:
         self.acquire()
@@ -64,6 +69,24 @@ class RunLock:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.release()
+
+
+def _take(path: Path, mode: int, whose: str) -> int:
+    """Lock ``path`` (exclusive or shared) without waiting; write who holds it, for the next refusal."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read(fd)
+        os.close(fd)
+        raise RunLocked(
+            f"{path.parent} is in use by another datagen run ({holder or 'holder unknown'}): "
+            "wait for it to end, or stop it; a killed run releases the directory at once"
+        ) from None
+    os.ftruncate(fd, 0)
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    os.pwrite(fd, f"{whose}pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+    return fd
 
 
 def _read(fd: int) -> str:

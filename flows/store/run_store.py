@@ -4,15 +4,22 @@ A row exists once it is in a shard file that was written under a temporary name,
 atomically renamed; anything not yet renamed is simply asked again on resume. So a kill -9 at any
 moment loses at most the rows still buffered (work, not data) and can never leave half a file
 or a row twice. The store knows nothing of HTTP or Prefect.
+
+The run's location is a local path or any fsspec URL (``file://``, ``memory://``, ``s3://``,
+``gs://``). Local files keep the temporary name, fsync and rename; elsewhere a shard is one put of
+the finished bytes, which object stores make visible whole or not at all, so no temporary name is
+needed (a file system whose writes can be seen half done is not a place for a run).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import json
 import logging
 import os
+import posixpath
 import threading
 import time
 from collections.abc import Iterator
@@ -21,10 +28,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import Features
+from fsspec.implementations.local import LocalFileSystem
 
+from flows.store.location import check_location
+from flows.store.parts import Part
 from flows.store.schema import REJECT_FEATURES, ROW_FEATURES, arrow_schema
 
 log = logging.getLogger(__name__)
@@ -40,6 +51,10 @@ class FingerprintMismatch(RuntimeError):
     """The run directory holds data generated with a different prompt/sampling config."""
 
 
+class PartsMismatch(RuntimeError):
+    """The run directory was written split into another number of parts (ids would land twice)."""
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -49,12 +64,14 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
+def atomic_file(path: Path, mode: str = "wb", *, writer: str = "") -> Iterator[IO[Any]]:
     """Write under a temporary name, fsync, rename, fsync the directory: the file is whole or absent.
 
     A failure while writing removes the temporary file and leaves any previous ``path`` untouched.
+    ``writer`` goes into the temporary name when several processes may write one file at once (the
+    parts of a run, each rewriting the manifest), so none renames away another's temporary file.
     """
-    tmp = path.with_name(TMP_PREFIX + path.name)
+    tmp = path.with_name(TMP_PREFIX + writer + path.name)
     try:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as handle:
             yield handle
@@ -83,13 +100,18 @@ class ShardWriter:
     Buffering and writing are separate steps (``take`` then ``write``) so the session can write a
     shard in a worker thread: an fsync of tens of megabytes of long answers must not pause the event
     loop that reads thousands of streams. ``write`` is safe to call from another thread; ``add``,
-    ``due`` and ``take`` belong to the event loop. File names carry a millisecond timestamp, the
-    pid and a sequence number, so writers of two processes (a resumed run racing a forgotten one)
-    never overwrite each other.
+    ``due`` and ``take`` belong to the event loop. File names carry the part (``part-2-of-4-``,
+    for a run split into parts), a millisecond timestamp, the pid and a sequence number, so writers
+    of two processes (a resumed run racing a forgotten one, two parts on two machines) never
+    overwrite each other.
     """
 
-    def __init__(self, folder: Path, features: Features, *, flush_rows: int, flush_seconds: float) -> None:
+    def __init__(
+        self, store: RunStore, folder: str, features: Features, *, flush_rows: int, flush_seconds: float
+    ) -> None:
+        self.store = store
         self.folder = folder
+        self._prefix = f"{store.part.label}-" if store.part is not None else "part-"
         self._schema = arrow_schema(features)
         self._flush_rows = flush_rows
         self._flush_seconds = flush_seconds
@@ -98,7 +120,7 @@ class ShardWriter:
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
         self.written = 0
-        folder.mkdir(parents=True, exist_ok=True)
+        store.fs.makedirs(folder, exist_ok=True)
 
     def add(self, row: dict[str, Any]) -> None:
         if self._oldest is None:
@@ -120,29 +142,23 @@ class ShardWriter:
         rows, self._rows, self._oldest = self._rows, [], None
         return rows
 
-    def write(self, rows: list[dict[str, Any]]) -> Path | None:
-        """One finished shard of ``rows`` (written, fsynced, renamed); None for no rows."""
+    def write(self, rows: list[dict[str, Any]]) -> str | None:
+        """One finished shard of ``rows`` (whole or absent, see the module); None for no rows."""
         if not rows:
             return None
         table = pa.Table.from_pylist(rows, schema=self._schema)
         with self._lock:
             seq = next(self._seq)
-        path = self.folder / f"part-{int(time.time() * 1000):013d}-{os.getpid()}-{seq:05d}.parquet"
-        write_parquet_atomically(table, path)
+        name = f"{self._prefix}{int(time.time() * 1000):013d}-{os.getpid()}-{seq:05d}.parquet"
+        path = posixpath.join(self.folder, name)
+        self.store.write_parquet(table, path)
         with self._lock:
             self.written += len(rows)
         return path
 
-    def flush(self) -> Path | None:
+    def flush(self) -> str | None:
         """Write everything buffered now, in this thread."""
         return self.write(self.take())
-
-
-def shard_files(folder: Path) -> list[Path]:
-    """Finished shards only: temporary files are never part of the data."""
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.glob("part-*.parquet") if not p.name.startswith(TMP_PREFIX))
 
 
 @dataclass
@@ -167,89 +183,154 @@ class CategoryState:
 
 
 class RunStore:
-    """One run directory: manifest, per-category row and reject shards, quarantine for bad files."""
+    """One run's location: manifest, per-category row and reject shards, quarantine for bad files.
 
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
+    ``location`` is a local path or an fsspec URL. ``part`` (a run split across machines) names this
+    process's shards and scopes its clean-up; reading is always the union of every part's shards:
+    the done-set of other parts' ids costs little and keeps each part's walk of the prompts the same
+    as everyone's (see ``flows/run/prompt_stream.py``).
+    """
+
+    def __init__(self, location: str | os.PathLike[str], part: Part | None = None) -> None:
+        self.location = check_location(str(location))
+        self.fs, self.root = fsspec.core.url_to_fs(self.location)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.part = part
 
     # -- layout ----------------------------------------------------------------------------------
-    def data_dir(self, category: str | None = None) -> Path:
-        base = self.run_dir / DATA_DIR
-        return base / category if category else base
+    def _path(self, *names: str) -> str:
+        return posixpath.join(self.root, *names)
 
-    def rejects_dir(self, category: str | None = None) -> Path:
-        base = self.run_dir / REJECTS_DIR
-        return base / category if category else base
+    def data_dir(self, category: str | None = None) -> str:
+        return self._path(DATA_DIR, *([category] if category else []))
+
+    def rejects_dir(self, category: str | None = None) -> str:
+        return self._path(REJECTS_DIR, *([category] if category else []))
 
     @property
-    def manifest_path(self) -> Path:
-        return self.run_dir / MANIFEST
+    def manifest_path(self) -> str:
+        return self._path(MANIFEST)
+
+    def url(self, path: str | None = None) -> str:
+        """A path of this store as people and other tools (``datasets``, ``datagen status``) take it."""
+        path = self.root if path is None else path
+        return path if self.local else self.fs.unstrip_protocol(path)
+
+    # -- bytes -----------------------------------------------------------------------------------
+    def _put(self, path: str, data: bytes) -> None:
+        if self.local:
+            writer = f"{self.part.label}-" if self.part is not None else ""
+            with atomic_file(Path(path), writer=writer) as handle:
+                handle.write(data)
+        else:
+            self.fs.pipe_file(path, data)
+
+    def write_parquet(self, table: pa.Table, path: str) -> None:
+        if self.local:  # streamed into the temporary file: no copy of the shard in memory
+            write_parquet_atomically(table, Path(path))
+            return
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer, compression="zstd")
+        self._put(path, buffer.getvalue())
+
+    def shard_files(self, folder: str) -> list[str]:
+        """Finished shards only, every part's: temporary files are never part of the data."""
+        if not self.fs.isdir(folder):
+            return []
+        names = (posixpath.basename(p) for p in self.fs.ls(folder, detail=False))
+        return sorted(
+            posixpath.join(folder, n) for n in names if n.startswith("part-") and n.endswith(".parquet")
+        )
+
+    def parquet_file(self, path: str) -> pq.ParquetFile:
+        """A shard opened for reading in batches (the export streams rows through it)."""
+        return pq.ParquetFile(path if self.local else self.fs.open(path, "rb"))
 
     # -- manifest --------------------------------------------------------------------------------
     def read_manifest(self) -> dict[str, Any] | None:
-        if not self.manifest_path.exists():
+        if not self.fs.exists(self.manifest_path):
             return None
-        return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        return json.loads(self.fs.cat_file(self.manifest_path).decode("utf-8"))
 
     def open_run(self, fingerprint: str, snapshot: dict[str, Any], *, force: bool = False) -> bool:
         """Create or reopen the run; refuse to mix data of another config unless ``force``.
 
-        Returns True when an existing run is resumed.
+        A run split into parts records its number of parts; a start with another number (or none)
+        is refused, since the same id would then belong to two parts. Parts starting at the same
+        moment may each rewrite the manifest; the last rename wins and one ``history`` line can be
+        lost, never the data. Returns True when an existing run is resumed.
         """
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.remove_temporary_files()
+        self.fs.makedirs(self.root, exist_ok=True)
         manifest = self.read_manifest()
         resumed = manifest is not None
         if manifest is not None and manifest.get("fingerprint") != fingerprint and not force:
             raise FingerprintMismatch(
-                f"{self.run_dir} was generated with another prompt/sampling config "
+                f"{self.url()} was generated with another prompt/sampling config "
                 f"(fingerprint {manifest.get('fingerprint')}, now {fingerprint}). Use a new run name, "
                 "or pass --force to add rows made with the new config to this run."
             )
+        parts = self.part.count if self.part is not None else None
+        if manifest is not None and manifest.get("parts") != parts:
+            written = f"in {manifest.get('parts')} parts" if manifest.get("parts") else "without --part"
+            wanted = f"--part i/{parts}" if parts else "no --part"
+            raise PartsMismatch(
+                f"{self.url()} was written {written}, now {wanted}: run every part with the same K "
+                "(or use a new run name); another K would give some ids to two parts"
+            )
+        self.remove_temporary_files()  # after the checks: a refused start touches nothing
         history = list(manifest.get("history", [])) if manifest else []
-        history.append({"fingerprint": fingerprint, "started_at": datetime.now(UTC).isoformat()})
-        write_json_atomically(
-            {
-                "fingerprint": fingerprint,
-                "created_at": manifest.get("created_at") if manifest else datetime.now(UTC).isoformat(),
-                "config": snapshot,
-                "history": history,
-            },
-            self.manifest_path,
-        )
+        start = {"fingerprint": fingerprint, "started_at": datetime.now(UTC).isoformat()}
+        if self.part is not None:
+            start["part"] = str(self.part)
+        history.append(start)
+        document = {
+            "fingerprint": fingerprint,
+            "created_at": manifest.get("created_at") if manifest else datetime.now(UTC).isoformat(),
+            "config": snapshot,
+            "history": history,
+            **({"parts": parts} if parts else {}),
+        }
+        self._put(self.manifest_path, json.dumps(document, indent=2, sort_keys=True, default=str).encode())
         return resumed
 
     def remove_temporary_files(self) -> int:
-        """Leftovers of a killed writer: never data, always safe to delete."""
+        """Leftovers of a killed writer: never data, always safe to delete.
+
+        A part removes only its own: another part may be writing one of its temporary files now.
+        """
+        prefix = TMP_PREFIX + (self.part.label if self.part is not None else "")
         removed = 0
-        for tmp in self.run_dir.rglob(TMP_PREFIX + "*"):
-            tmp.unlink(missing_ok=True)
-            removed += 1
+        for path in self.fs.find(self.root):
+            if posixpath.basename(path).startswith(prefix):
+                self.fs.rm_file(path)
+                removed += 1
         return removed
 
     # -- reading ---------------------------------------------------------------------------------
-    def _read_columns(self, path: Path, columns: list[str]) -> pa.Table | None:
+    def _read_columns(self, path: str, columns: list[str]) -> pa.Table | None:
         """Read a few columns; a shard that cannot be read is quarantined (its ids get redone)."""
         try:
-            return pq.read_table(path, columns=columns)
+            return pq.read_table(path, columns=columns, filesystem=None if self.local else self.fs)
         except (OSError, pa.ArrowException) as error:
-            target = self.run_dir / QUARANTINE_DIR / path.parent.name
-            target.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target / path.name)
+            target = self._path(QUARANTINE_DIR, posixpath.basename(posixpath.dirname(path)))
+            self.fs.makedirs(target, exist_ok=True)
+            self.fs.mv(path, posixpath.join(target, posixpath.basename(path)))
             log.warning("unreadable shard %s moved to %s: %s", path, target, error)
             return None
 
+    def shard_tables(self, folder: str, columns: list[str]) -> Iterator[tuple[str, pa.Table]]:
+        """(path, columns) of each readable shard of ``folder``: a path names the part that wrote it."""
+        for path in self.shard_files(folder):
+            table = self._read_columns(path, columns)
+            if table is not None:
+                yield path, table
+
     def category_state(self, category: str) -> CategoryState:
         state = CategoryState()
-        for path in shard_files(self.data_dir(category)):
-            table = self._read_columns(path, ["id", "prompt_hash"])
-            if table is not None:
-                state.row_ids.update(table.column("id").to_pylist())
-                state.prompt_hashes.update(h for h in table.column("prompt_hash").to_pylist() if h)
-        for path in shard_files(self.rejects_dir(category)):
-            table = self._read_columns(path, ["id", "retryable", "prompt_hash"])
-            if table is None:
-                continue
+        for _, table in self.shard_tables(self.data_dir(category), ["id", "prompt_hash"]):
+            state.row_ids.update(table.column("id").to_pylist())
+            state.prompt_hashes.update(h for h in table.column("prompt_hash").to_pylist() if h)
+        for _, table in self.shard_tables(self.rejects_dir(category), ["id", "retryable", "prompt_hash"]):
             for rid, retryable, key in zip(
                 *(table.column(name).to_pylist() for name in ("id", "retryable", "prompt_hash")), strict=True
             ):
@@ -264,29 +345,29 @@ class RunStore:
     def categories_on_disk(self) -> list[str]:
         names: set[str] = set()
         for base in (self.data_dir(), self.rejects_dir()):
-            if base.is_dir():
-                names.update(p.name for p in base.iterdir() if p.is_dir())
+            if self.fs.isdir(base):
+                names.update(
+                    posixpath.basename(entry["name"].rstrip("/"))
+                    for entry in self.fs.ls(base, detail=True)
+                    if entry["type"] == "directory"
+                )
         return sorted(names)
 
-    def iter_rejects(self, category: str) -> Iterator[dict[str, Any]]:
-        for path in shard_files(self.rejects_dir(category)):
-            table = self._read_columns(path, ["id", "stage", "reason", "retryable"])
-            if table is not None:
-                yield from table.to_pylist()
-
     def iter_row_columns(self, category: str, columns: list[str]) -> Iterator[dict[str, Any]]:
-        for path in shard_files(self.data_dir(category)):
-            table = self._read_columns(path, columns)
-            if table is not None:
-                yield from table.to_pylist()
+        for _, table in self.shard_tables(self.data_dir(category), columns):
+            yield from table.to_pylist()
 
     # -- writing ---------------------------------------------------------------------------------
     def row_writer(self, category: str, *, flush_rows: int, flush_seconds: float) -> ShardWriter:
         return ShardWriter(
-            self.data_dir(category), ROW_FEATURES, flush_rows=flush_rows, flush_seconds=flush_seconds
+            self, self.data_dir(category), ROW_FEATURES, flush_rows=flush_rows, flush_seconds=flush_seconds
         )
 
     def reject_writer(self, category: str, *, flush_rows: int, flush_seconds: float) -> ShardWriter:
         return ShardWriter(
-            self.rejects_dir(category), REJECT_FEATURES, flush_rows=flush_rows, flush_seconds=flush_seconds
+            self,
+            self.rejects_dir(category),
+            REJECT_FEATURES,
+            flush_rows=flush_rows,
+            flush_seconds=flush_seconds,
         )

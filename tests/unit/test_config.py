@@ -137,3 +137,14 @@ def test_endpoints_do_not_stream_unless_asked() -> None:
     streamed = _with()
     streamed["endpoints"] = [{"url": "http://127.0.0.1:30000", "stream": True}]
     assert parse_config(streamed).endpoints[0].stream is True
+
+
+def test_output_dir_may_be_a_url_and_the_run_keeps_its_own_files_locally() -> None:
+    remote = parse_config(
+        _with(run={"name": "r1", "output_dir": "memory://bucket/runs/", "local_dir": "/var/dg"})
+    )
+    assert (remote.run_location, remote.run_dir) == ("memory://bucket/runs/r1", Path("/var/dg/r1"))
+    local_url = parse_config(_with(run={"name": "r1", "output_dir": "file:///data/runs"}))
+    assert (local_url.run_location, local_url.run_dir) == ("file:///data/runs/r1", Path("/data/runs/r1"))
+    plain = parse_config(_with())
+    assert (plain.run_location, plain.run_dir) == ("output/r1", Path("output/r1"))

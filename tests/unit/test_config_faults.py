@@ -75,6 +75,11 @@ CASES = [
     ("limit huge", _with("concurrency", "limit = 10000000"), "concurrency.limit: Input should be less"),
     ("target usage above 1", _with("concurrency", "target_kv_usage = 1.5"), "concurrency.target_kv_usage"),
     ("poll too fast", _with("concurrency", "poll_s = 0.001"), "concurrency.poll_s"),
+    (
+        "output_dir of an unknown file system",
+        _with("run", 'output_dir = "nope://bucket/runs"'),
+        "run.output_dir: Value error, unknown file system 'nope'",
+    ),
     ("max attempts zero", _with("retry", "max_attempts = 0"), "retry.max_attempts"),
     ("read timeout negative", _with("retry", "read_timeout_s = -1"), "retry.read_timeout_s"),
     ("read timeout a date", _with("retry", "read_timeout_s = 1979-05-27"), "retry.read_timeout_s"),
@@ -206,3 +211,15 @@ def test_no_generated_config_text_ends_in_a_traceback(
     config.write_text(text)
     with pytest.raises(ConfigError):
         load_config(config)  # none of these texts is a whole valid config
+
+
+@pytest.mark.parametrize("part", ["0/2", "3/2", "2", "x/y", "1/0"])
+def test_a_part_that_does_not_exist_exits_2_with_one_line(tmp_path: Path, part: str) -> None:
+    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    config = tmp_path / "run.toml"
+    config.write_text(GOOD)
+    result = CliRunner().invoke(app, ["run", str(config), "--no-prefect", "--part", part])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: ") and "i/K" in lines[0], lines[0]
+    assert not (tmp_path / "output").exists()

@@ -24,7 +24,7 @@ from flows.report.export import (
     specforge_record,
 )
 from flows.report.trainer_templates import SystemPromptCheck, template_warning, unchecked_hint
-from flows.store.run_store import RunStore, shard_files
+from flows.store.run_store import RunStore
 from flows.store.schema import ROW_FEATURES, normalize_message
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -103,9 +103,9 @@ def run_dir(tmp_path: Path) -> Path:
             if writer.due():
                 writer.flush()
         writer.flush()
-    store.rejects_dir("rejected_only").mkdir(parents=True)
-    assert len(shard_files(store.data_dir("chat"))) == 2
-    return store.run_dir
+    Path(store.rejects_dir("rejected_only")).mkdir(parents=True)
+    assert len(store.shard_files(store.data_dir("chat"))) == 2
+    return tmp_path / "run"
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

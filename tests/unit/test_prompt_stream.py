@@ -4,6 +4,7 @@ import pytest
 
 from flows.config import CategoryConfig
 from flows.run.prompt_stream import EARLY_ROWS, MostlyRejected, Reject, StreamCounts, category_items, take
+from flows.store.parts import Part
 from flows.store.run_store import CategoryState
 from prompts.dedup import DedupIndex
 from prompts.records import PromptRecord
@@ -196,3 +197,54 @@ def test_a_category_with_many_rejects_below_the_share_runs_to_the_end() -> None:
         10_000,
     )
     assert (counts.read, counts.rejected.total(), len(items)) == (2940, 940, 2940)
+
+
+def _part_ids(
+    category: CategoryConfig, rows: list, part: Part, state: CategoryState | None = None
+) -> list[str]:
+    return _ids(
+        list(category_items(category, state or CategoryState(), StreamCounts(), rows=rows, part=part))
+    )
+
+
+def test_parts_split_the_stream_of_one_whole_run_limit_and_dedup_included() -> None:
+    """K parts, each knowing nothing of the others, ask exactly what one whole run asks, once."""
+    limited = CATEGORY.model_copy(update={"limit": 30})
+    copies = [(100 + i, {"id": f"copy{i}", "messages": row["messages"]}) for i, row in _rows(10)]
+    rows = _rows(5) + copies + _rows(35, start=5)  # copy0-4 repeat r0-4; r5-9 repeat copy5-9
+    whole = _ids(list(category_items(limited, CategoryState(), StreamCounts(), rows=rows)))
+    parts = [_part_ids(limited, rows, Part(i, 3)) for i in (1, 2, 3)]
+    union = [rid for ids in parts for rid in ids]
+    assert sorted(union) == sorted(whole) and len(union) == len(set(union)) == 30
+    assert all(parts)  # each part has its share
+    assert {f"copy{i}" for i in range(5, 10)} <= set(union) and not {"copy0", "r5"} & set(union)
+
+
+def test_a_part_counts_what_it_leaves_to_the_others_and_resumes_from_the_union() -> None:
+    counts = StreamCounts()
+    rows = _rows(20)
+    mine = _part_ids(CATEGORY, rows, Part(1, 2))
+    done_elsewhere = {f"r{i}" for i in range(20)} - set(mine)
+    state = CategoryState(row_ids=set(mine[:2]) | done_elsewhere)
+    again = list(category_items(CATEGORY, state, counts, rows=rows, part=Part(1, 2)))
+    assert _ids(again) == mine[2:]
+    assert (counts.already_done, counts.other_parts, counts.yielded) == (
+        2,
+        len(done_elsewhere),
+        len(mine) - 2,
+    )
+    assert dict(counts.steps())["to ask (not done yet)"] == len(mine) - 2
+
+
+def test_conversion_rejects_are_written_by_their_own_part_only() -> None:
+    rows = [
+        (i, {"note": f"bad{i}", "messages": [{"role": "assistant", "content": f"no question {i}"}]})
+        for i in range(20)
+    ]
+
+    def reject_ids(part: Part | None) -> list[str]:
+        items = category_items(CATEGORY, CategoryState(), StreamCounts(), rows=rows, part=part)
+        return [i.row["id"] for i in items if isinstance(i, Reject)]
+
+    one, two = reject_ids(Part(1, 2)), reject_ids(Part(2, 2))
+    assert sorted(one + two) == sorted(reject_ids(None)) and len(one + two) == 20 and one and two

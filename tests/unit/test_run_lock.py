@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.store.parts import Part
 from flows.store.run_lock import RunLock, RunLocked
 
 HOLD = """
@@ -84,3 +85,16 @@ def test_a_second_run_on_a_busy_directory_is_one_line_and_touches_nothing(tmp_pa
         len(errors) == 1 and "in use by another datagen run" in errors[0] and "Traceback" not in proc.stderr
     )
     assert in_progress.exists()
+
+
+def test_parts_run_side_by_side_but_not_twice_and_never_beside_a_whole_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with RunLock(run_dir, Part(1, 2)), RunLock(run_dir, Part(2, 2)):
+        with pytest.raises(RunLocked, match=rf"\(part 1/2: pid {os.getpid()} "):
+            RunLock(run_dir, Part(1, 2)).acquire()
+        with pytest.raises(RunLocked, match="in use by another datagen run"):
+            RunLock(run_dir).acquire()
+    with RunLock(run_dir), pytest.raises(RunLocked, match="in use by another datagen run"):
+        RunLock(run_dir, Part(2, 2)).acquire()
+    with RunLock(run_dir, Part(1, 2)):  # all released
+        pass

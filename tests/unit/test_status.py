@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from flows.cli.main import app
 from flows.run.rows import reject_row
+from flows.store.parts import Part
 from flows.store.run_store import RunStore
 
 
@@ -30,7 +31,7 @@ def _run_dir(tmp_path: Path) -> Path:
         reject_row(record_id="y", category="c", source=source, stage="request", reason="503", retryable=True)
     )
     rejects.flush()
-    return store.run_dir
+    return tmp_path / "run"
 
 
 def test_status_json_counts_rows_training_rows_and_standing_rejects(tmp_path: Path) -> None:
@@ -50,3 +51,49 @@ def test_status_of_a_folder_that_is_no_run_is_one_line_and_exit_2(tmp_path: Path
     result = CliRunner().invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 2
     assert "is not a run directory" in result.output
+
+
+def test_status_reads_every_part_counts_each_and_reports_a_repeated_id(tmp_path: Path) -> None:
+    """The union of the parts' shards, per part; an id written by two parts is shown, never hidden."""
+    for index, ids in ((1, ["a", "b"]), (2, ["c", "a"])):
+        store = RunStore(tmp_path / "run", Part(index, 2))
+        store.open_run("fp", {"categories": [{"name": "c"}]})
+        rows = store.row_writer("c", flush_rows=10, flush_seconds=60)
+        for rid in ids:
+            rows.add(_row(rid))
+        rows.flush()
+    rejects = store.reject_writer("c", flush_rows=10, flush_seconds=60)
+    source = {"dataset": "d", "split": "train", "row": 0}
+    rejects.add(reject_row(record_id="x", category="c", source=source, stage="request", reason="too long"))
+    rejects.flush()
+    result = CliRunner().invoke(app, ["status", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["rows"], doc["rejects"], doc["repeated_rows"], doc["parts"]) == (4, 1, 1, 2)
+    assert doc["by_part"] == {"1/2": {"rows": 2, "rejects": 0}, "2/2": {"rows": 2, "rejects": 1}}
+    shown = CliRunner().invoke(app, ["status", str(tmp_path / "run")])
+    assert "1 rows repeat an id already written" in shown.output and "2/2" in shown.output
+
+
+def test_status_and_export_of_an_unknown_file_system_are_one_line_and_exit_2() -> None:
+    for args in (["status", "nope://bucket/run"], ["export", "nope://bucket/run", "--format", "hf"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "unknown file system 'nope'" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+def test_status_of_a_url_reads_it_and_report_asks_for_a_local_run(tmp_path: Path) -> None:
+    url = f"memory://status-{tmp_path.name}/run"
+    store = RunStore(url, Part(1, 1))
+    store.open_run("fp", {"categories": [{"name": "c"}]})
+    rows = store.row_writer("c", flush_rows=10, flush_seconds=60)
+    rows.add(_row("a"))
+    rows.flush()
+    try:
+        result = CliRunner().invoke(app, ["status", url, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["by_part"] == {"1/1": {"rows": 1, "rejects": 0}}
+        refused = CliRunner().invoke(app, ["status", url, "--report"])
+        assert refused.exit_code == 2 and "a run at a URL gets its report" in refused.output
+    finally:
+        store.fs.rm(store.root, recursive=True)

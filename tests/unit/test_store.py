@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -9,7 +11,8 @@ import pytest
 from datasets import load_dataset
 
 from flows.run.rows import reject_row
-from flows.store.run_store import FingerprintMismatch, RunStore, shard_files
+from flows.store.parts import Part, part_of_file
+from flows.store.run_store import FingerprintMismatch, PartsMismatch, RunStore
 from flows.store.schema import ROW_FEATURES
 
 
@@ -71,11 +74,11 @@ def test_a_shard_is_due_by_rows_and_written_atomically(tmp_path: Path) -> None:
     assert not writer.due()
     writer.add(_row("b"))
     assert writer.due()
-    assert shard_files(store.data_dir("c")) == []  # adding never writes: the session decides where
+    assert store.shard_files(store.data_dir("c")) == []  # adding never writes: the session decides where
     writer.write(writer.take())
-    files = shard_files(store.data_dir("c"))
+    files = store.shard_files(store.data_dir("c"))
     assert len(files) == 1 and writer.pending == 0 and writer.written == 2
-    assert not list(store.data_dir("c").glob(".tmp-*"))
+    assert not list(Path(store.data_dir("c")).glob(".tmp-*"))
     assert pq.read_table(files[0]).column("id").to_pylist() == ["a", "b"]
 
 
@@ -129,16 +132,16 @@ def test_done_set_reads_rows_and_final_rejects_but_retries_transient_ones(tmp_pa
 def test_leftover_temporary_files_are_removed_and_never_read(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
     _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
-    (store.data_dir("c") / ".tmp-part-9.parquet").write_bytes(b"half a file")
+    (Path(store.data_dir("c")) / ".tmp-part-9.parquet").write_bytes(b"half a file")
     assert store.category_state("c").row_ids == {"a"}
     store.open_run("fp", {})
-    assert not list(store.data_dir("c").glob(".tmp-*"))
+    assert not list(Path(store.data_dir("c")).glob(".tmp-*"))
 
 
 def test_corrupt_shard_is_quarantined_and_its_ids_redone(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
     _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
-    (store.data_dir("c") / "part-0000000000001-1-00001.parquet").write_bytes(b"not parquet")
+    (Path(store.data_dir("c")) / "part-0000000000001-1-00001.parquet").write_bytes(b"not parquet")
     assert store.category_state("c").row_ids == {"a"}
     assert len(list((tmp_path / "run" / "quarantine" / "c").iterdir())) == 1
 
@@ -154,3 +157,97 @@ def test_changed_config_refuses_to_mix_unless_forced(tmp_path: Path) -> None:
     assert manifest is not None
     assert manifest["fingerprint"] == "fp2"
     assert [h["fingerprint"] for h in manifest["history"]] == ["fp1", "fp1", "fp2"]
+
+
+@pytest.fixture
+def memory_url() -> Iterator[str]:
+    """A fresh place in fsspec's in-process memory file system, emptied afterwards."""
+    import fsspec
+
+    url = f"memory://runs-{uuid.uuid4().hex}/run"
+    yield url
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.rm(root.rsplit("/", 1)[0], recursive=True)
+
+
+def test_a_memory_url_holds_a_whole_run(memory_url: str) -> None:
+    """The same store on fsspec's memory file system: manifest, shards, done-set, quarantine."""
+    store = RunStore(memory_url)
+    assert store.open_run("fp", {"a": 1}) is False
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
+    rejects = store.reject_writer("c", flush_rows=10, flush_seconds=60)
+    rejects.add(_reject("bad", retryable=False))
+    rejects.flush()
+    store.fs.pipe_file(store.data_dir("c") + "/part-0000000000001-1-00001.parquet", b"not parquet")
+    again = RunStore(memory_url)
+    assert again.open_run("fp", {"a": 1}) is True
+    assert again.category_state("c").done_ids == {"a", "bad"}
+    assert again.categories_on_disk() == ["c"]
+    assert [p.rsplit("/", 1)[1] for p in again.fs.find(again.root + "/quarantine")] == [
+        "part-0000000000001-1-00001.parquet"
+    ]
+    assert again.url() == memory_url.replace("memory://", "memory:///")
+
+
+def test_a_file_url_is_the_local_store(tmp_path: Path) -> None:
+    """``file://`` is the local path: the same files (written through the temporary name) either way."""
+    by_url = RunStore(f"file://{tmp_path}/run")
+    assert by_url.local
+    by_url.open_run("fp", {})
+    _flushed(by_url.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
+    assert RunStore(tmp_path / "run").category_state("c").row_ids == {"a"}
+    assert [p.name[:5] for p in (tmp_path / "run" / "data" / "c").iterdir()] == ["part-"]
+
+
+def test_parts_name_their_shards_and_remove_only_their_own_temporary_files(tmp_path: Path) -> None:
+    one, two = RunStore(tmp_path / "run", Part(1, 2)), RunStore(tmp_path / "run", Part(2, 2))
+    one.open_run("fp", {})
+    _flushed(one.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
+    _flushed(two.row_writer("c", flush_rows=1, flush_seconds=60), _row("b"))
+    names = sorted(Path(p).name for p in one.shard_files(one.data_dir("c")))
+    assert [part_of_file(name) for name in names] == ["1/2", "2/2"]
+    folder = Path(one.data_dir("c"))
+    (folder / ".tmp-part-1-of-2-9.parquet").write_bytes(b"1's half file")
+    (folder / ".tmp-part-2-of-2-9.parquet").write_bytes(b"2's file being written now")
+    assert one.open_run("fp", {}) is True
+    assert sorted(p.name for p in folder.glob(".tmp-*")) == [".tmp-part-2-of-2-9.parquet"]
+    assert one.category_state("c").row_ids == two.category_state("c").row_ids == {"a", "b"}  # the union
+
+
+def test_a_run_written_in_parts_refuses_another_number_of_parts(tmp_path: Path) -> None:
+    RunStore(tmp_path / "run", Part(1, 2)).open_run("fp", {})
+    assert RunStore(tmp_path / "run", Part(2, 2)).open_run("fp", {}) is True
+    with pytest.raises(PartsMismatch, match="written in 2 parts, now --part i/3"):
+        RunStore(tmp_path / "run", Part(1, 3)).open_run("fp", {})
+    with pytest.raises(PartsMismatch, match="written in 2 parts, now no --part"):
+        RunStore(tmp_path / "run").open_run("fp", {})
+    RunStore(tmp_path / "plain").open_run("fp", {})
+    with pytest.raises(PartsMismatch, match="written without --part"):
+        RunStore(tmp_path / "plain", Part(1, 2)).open_run("fp", {})
+    manifest = RunStore(tmp_path / "run").read_manifest()
+    assert manifest is not None and manifest["parts"] == 2
+    assert [h.get("part") for h in manifest["history"]] == ["1/2", "2/2"]
+
+
+def test_a_refused_start_leaves_the_parts_temporary_files_alone(tmp_path: Path) -> None:
+    RunStore(tmp_path / "run", Part(1, 2)).open_run("fp", {})
+    folder = tmp_path / "run" / "data" / "c"
+    folder.mkdir(parents=True)
+    (folder / ".tmp-part-1-of-2-9.parquet").write_bytes(b"being written now")
+    with pytest.raises(PartsMismatch):
+        RunStore(tmp_path / "run").open_run("fp", {})
+    assert [p.name for p in folder.iterdir()] == [".tmp-part-1-of-2-9.parquet"]
+
+
+def test_parts_starting_at_once_never_take_each_others_temporary_manifest(tmp_path: Path) -> None:
+    """Found by two parts started together: both wrote `.tmp-manifest.json` and one rename failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def starts(index: int) -> None:
+        for _ in range(60):
+            RunStore(tmp_path / "run", Part(index, 2)).open_run("fp", {})
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(starts, (1, 2)))  # re-raises a failed rename
+    manifest = RunStore(tmp_path / "run").read_manifest()
+    assert manifest is not None and manifest["parts"] == 2
