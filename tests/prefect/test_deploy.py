@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.prefect
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 INTERVAL_S = "3"
+PATIENCE_S = 240
+"""Per step; a firing takes ~15 s on an idle 2-core machine, 50 s when other suites share it."""
 
 
 @pytest.fixture(scope="module")
@@ -108,21 +111,21 @@ def test_firings_resume_one_run_and_skip_while_it_is_busy(
                     for r in _firings(api, "sched")
                 )
 
-            _until("a firing skipped on the busy run", skipped, proc, 90)
+            _until("a firing skipped on the busy run", skipped, proc, PATIENCE_S)
         finally:
             lock.release()
         assert rows_on_disk(run_dir) == 0, "a skipped firing writes nothing"
-        _until("the first 40 rows", lambda: rows_on_disk(run_dir) == 40, proc, 90)
+        _until("the first 40 rows", lambda: rows_on_disk(run_dir) == 40, proc, PATIENCE_S)
         more = tmp_path / "more.jsonl"
         write_prompts(more, 20, tag="q")  # the source grows between firings
         with (tmp_path / "sched.jsonl").open("a", encoding="utf-8") as source:
             source.write(more.read_text(encoding="utf-8"))
-        _until("the 20 new prompts answered", lambda: rows_on_disk(run_dir) == 60, proc, 90)
+        _until("the 20 new prompts answered", lambda: rows_on_disk(run_dir) == 60, proc, PATIENCE_S)
         _until(
             "a firing with nothing left to do",
             lambda: any(m.startswith("nothing left to do: run sched has 60 rows") for m in _messages(api)),
             proc,
-            90,
+            PATIENCE_S,
         )
     check = check_run(run_dir)
     assert len(check.row_ids) == 60 and check.duplicates == 0 and not check.corrupt_files
@@ -138,16 +141,77 @@ def test_firings_resume_one_run_and_skip_while_it_is_busy(
 def test_fresh_run_names_make_a_new_run_per_firing(
     tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
 ) -> None:
-    config = _config(tmp_path, "fresh", sim.url, 20)
+    config = _config(tmp_path, "fresh", sim.url, 10)
 
     def complete_runs() -> list[Path]:
-        return [d for d in tmp_path.glob("fresh-*") if d.is_dir() and rows_on_disk(d) == 20]
+        return [d for d in tmp_path.glob("fresh-*") if d.is_dir() and rows_on_disk(d) == 10]
 
     with _served(config, server, "--fresh-run-names") as proc:
-        _until("two complete fresh runs", lambda: len(complete_runs()) >= 2, proc, 90)
+        _until("two complete fresh runs", lambda: len(complete_runs()) >= 2, proc, PATIENCE_S)
     assert not (tmp_path / "fresh").exists(), "the configured name itself is never written"
     for run_dir in complete_runs():
         check = check_run(run_dir)
-        assert len(check.row_ids) == 20 and check.duplicates == 0
+        assert len(check.row_ids) == 10 and check.duplicates == 0
         stamp = run_dir.name.removeprefix("fresh-")
         assert len(stamp) in (14, 16) and stamp.endswith("Z") and stamp[8] == "T", run_dir.name
+
+
+def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(
+    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
+) -> None:
+    api = server.api_url
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(server.home)}
+    source = tmp_path / "pooled.jsonl"
+    write_prompts(source, 10)
+    here = tmp_path / "deployed-from"
+    here.mkdir()
+    config = write_config(
+        here / "pooled.toml", name="pooled", output_dir=Path("out"), url=sim.url, source=source
+    )
+    registered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "deploy",
+            "pooled.toml",
+            "--cron",
+            "0 0 1 1 *",
+            "--pool",
+            "datagen-pool",
+        ],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+        check=False,
+    )
+    assert registered.returncode == 0, registered.stdout + registered.stderr
+    assert "prefect worker start --pool datagen-pool" in registered.stderr  # the console writes to stderr
+
+    (pool,) = _post(api, "work_pools/filter", {"work_pools": {"name": {"any_": ["datagen-pool"]}}})
+    assert pool["type"] == "process"
+    (deployment,) = _post(api, "deployments/filter", {"deployments": {"name": {"any_": ["pooled"]}}})
+    assert deployment["entrypoint"] == "flows.orchestration.deploy.scheduled_run"
+    assert deployment["parameters"] == {"config_path": str(config.resolve()), "fresh_run_names": False}
+    started = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10)
+    started.raise_for_status()
+
+    elsewhere = tmp_path / "worker"
+    elsewhere.mkdir()
+    worker = subprocess.run(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "datagen-pool", "--run-once"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+        check=False,
+    )
+    assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
+    check = check_run(here / "out" / "pooled")  # the relative output_dir is where `deploy` ran
+    assert len(check.row_ids) == 10 and check.duplicates == 0
+    run = httpx.get(f"{api}/flow_runs/{started.json()['id']}", timeout=10).json()
+    assert run["state_type"] == "COMPLETED"
+    assert run["state"]["message"] == "run pooled now has 10 rows and 0 rejects (+10 rows in this firing)"
