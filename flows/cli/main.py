@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flows.cli import deploy as deploy_cli
 from flows.cli import export as export_cli
 from flows.cli import gpu as gpu_cli
 from flows.cli import launch as launch_cli
@@ -219,6 +220,7 @@ def ui(
 
 
 app.command()(export_cli.export)
+app.command()(deploy_cli.deploy)
 app.add_typer(prompts_cli.app)
 app.add_typer(gpu_cli.app)
 app.add_typer(launch_cli.app)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,12 +22,6 @@ from sglang_launch.simulator import SimConfig, SimulatorProcess
 pytestmark = pytest.mark.prefect
 
 FAST = {"time_scale": 0.05, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with PrefectServer(home=tmp_path_factory.mktemp("prefect-home"), ui=False) as running:
-        yield running
 
 
 def _post(api: str, path: str, body: dict[str, object] | None = None) -> list[dict[str, object]]:

@@ -1,0 +1,67 @@
+"""`datagen deploy`: a run config on a schedule, served from here or registered on a work pool
+(mount with ``app.command()(deploy)``). The work is in ``flows.orchestration.deploy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.console import console, fail
+from flows.config import ConfigError, load_config
+from flows.runner import configure
+
+
+def deploy(
+    config: Annotated[Path, typer.Argument(help="Run config (TOML).", exists=True, dir_okay=False)],
+    cron: Annotated[str | None, typer.Option(help='Fire on a cron schedule (UTC): "0 */6 * * *".')] = None,
+    interval: Annotated[float | None, typer.Option(help="Fire every SECONDS.", metavar="SECONDS")] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="Register on this process work pool (created if missing) instead of serving here."),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Deployment name (default: the run's name).")] = None,
+    fresh_run_names: Annotated[
+        bool,
+        typer.Option(
+            "--fresh-run-names",
+            help="Each firing starts a new run <name>-<scheduled UTC time> instead of resuming the run.",
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log at INFO (default: warnings).")
+    ] = False,
+) -> None:
+    """Run CONFIG on a schedule: each firing resumes the run (or starts a new one); a busy run is skipped."""
+    configure(verbose)
+    from flows.orchestration.deploy import Schedule, api_and_ui, deployment_name, register, serve
+
+    try:
+        schedule = Schedule(cron=cron, interval_s=interval)
+        cfg = load_config(config)
+    except (ValueError, ConfigError) as error:
+        fail(str(error))
+    addresses = api_and_ui()
+    if addresses is None:
+        fail(
+            "a deployment needs a Prefect server that outlives this command: start one (`datagen ui`) "
+            "and export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+    api, ui = addresses
+    label = name or cfg.run.name
+    what = f"deployment {deployment_name(label)} ({schedule.describe()})"
+    if pool is not None:
+        deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool))
+        console.print(f"{what} registered on work pool {pool!r} at {api}")
+        console.print(f"UI: {ui}/deployments/deployment/{deployment_id}")
+        console.print(
+            f"Start a worker where the project is installed: PREFECT_API_URL={api} "
+            f"uv run prefect worker start --pool {pool}"
+        )
+        return
+    console.print(f"serving {what} from this process; Ctrl-C stops it")
+    console.print(f"UI: {ui}/deployments (its flow runs: {ui}/runs)")
+    serve(config, schedule, label, fresh_run_names)

@@ -1,0 +1,202 @@
+"""Scheduled runs (`datagen deploy`): a deployment whose every firing is one start of a run config.
+
+A firing is the same thing as `datagen run CONFIG`: resume is the default, so successive firings
+continue one long run (finished prompts skipped; when nothing is left the firing says so and ends in
+seconds), or, with ``fresh_run_names``, each firing starts a new run named after its scheduled time.
+
+Two firings never write one run directory at once: each start takes the run lock
+(``flows/store/run_lock.py``) before anything else, and a firing that finds it held ends Completed with
+"skipped: run X is busy" instead of waiting behind a run that may last days (the next firing will
+find it free). The lock is the guard, because it also holds against a `datagen run` started by hand,
+a second deployment of the same config, or another pool. The deployment's concurrency limit (one
+firing at a time: one due while the last still runs is Cancelled by the server, "Deployment
+concurrency limit reached") saves starting processes for nothing.
+
+The flow is importable by module path (``flows.orchestration.deploy.scheduled_run``) with the config
+path as its parameter: a process worker on another machine runs it from its own checkout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from uuid import UUID
+
+from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy, State
+from prefect.context import FlowRunContext
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Completed
+
+from flows.config import RunConfig, load_config
+from flows.report.status import run_status
+from flows.runner import execute
+from flows.store.run_lock import RunLocked
+
+SCHEDULED_FLOW = "datagen-scheduled"
+"""The deployment's flow; each firing's run is its subflow ``datagen`` (see ``flow.py``)."""
+POOL_TYPE = "process"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When firings happen: a cron expression (UTC) or a fixed interval in seconds."""
+
+    cron: str | None = None
+    interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.interval_s is None):
+            raise ValueError("give a cron expression or an interval, not both or neither")
+        if self.interval_s is not None and self.interval_s <= 0:
+            raise ValueError("the interval must be a positive number of seconds")
+
+    def describe(self) -> str:
+        return f"cron {self.cron!r} (UTC)" if self.cron else f"every {self.interval_s:g} s"
+
+
+def fresh_run_name(name: str, scheduled: datetime) -> str:
+    """``<name>-20261201T1200Z``: the firing's scheduled time in UTC (seconds only when not zero).
+
+    Safe for paths and for run names; the same firing retried gets the same name, so it resumes.
+    """
+    when = scheduled.astimezone(UTC)
+    return f"{name}-{when.strftime('%Y%m%dT%H%M%S' if when.second else '%Y%m%dT%H%M')}Z"
+
+
+def _renamed(config: RunConfig, name: str) -> RunConfig:
+    return config.model_copy(update={"run": config.run.model_copy(update={"name": name})})
+
+
+def _settled(config: RunConfig) -> tuple[int, int]:
+    """Rows and rejects on disk before a firing (0, 0 for a run not started yet)."""
+    try:
+        status = run_status(config.run_dir)
+    except FileNotFoundError:  # no manifest yet
+        return (0, 0)
+    return (status.rows, status.rejects)
+
+
+async def fire(
+    config_path: Path, *, fresh_run_names: bool, scheduled: datetime, say: Callable[[str], None]
+) -> str:
+    """One firing: run (or resume) the config, or skip it when its run directory is busy.
+
+    Returns the line that ends the firing (also said through ``say``): what it added, "nothing left
+    to do", or "skipped: run X is busy".
+    """
+    config = load_config(config_path)
+    if fresh_run_names:
+        config = _renamed(config, fresh_run_name(config.run.name, scheduled))
+    name = config.run.name
+    before = _settled(config)
+    try:
+        status = await execute(config)
+    except RunLocked as error:
+        line = f"skipped: run {name} is busy ({error})"
+    else:
+        if (status.rows, status.rejects) == before:
+            line = f"nothing left to do: run {name} has {status.rows} rows and {status.rejects} rejects"
+        else:
+            line = (
+                f"run {name} now has {status.rows} rows and {status.rejects} rejects "
+                f"(+{status.rows - before[0]} rows in this firing)"
+            )
+    say(line)
+    return line
+
+
+@flow(name=SCHEDULED_FLOW, persist_result=False)
+async def scheduled_run(config_path: str, fresh_run_names: bool = False) -> State:
+    """A firing of `datagen deploy`: the run of CONFIG_PATH resumed (or a fresh one), or skipped if busy."""
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context is not None else None
+    scheduled = flow_run.expected_start_time if flow_run and flow_run.expected_start_time else None
+    line = await fire(
+        Path(config_path),
+        fresh_run_names=fresh_run_names,
+        scheduled=scheduled or datetime.now(UTC),
+        say=get_run_logger().info,
+    )
+    return Completed(message=line)
+
+
+async def _deployment(
+    config_path: Path, schedule: Schedule, name: str, fresh_run_names: bool, pool: str | None
+) -> RunnerDeployment:
+    parameters = {"config_path": str(config_path.resolve()), "fresh_run_names": fresh_run_names}
+    # a process worker starts flow runs in a temporary directory unless told: a relative
+    # `output_dir` must mean what it means to `datagen run` here
+    job_variables = {"working_dir": str(Path.cwd())} if pool else None
+    # a firing due while the previous one still runs is Cancelled by the server before any process
+    # starts: firings every few minutes of a run of days would otherwise pile up as processes, each
+    # only to find the lock taken (or, with fresh names, to compete for the same servers)
+    one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
+    return await scheduled_run.ato_deployment(
+        name=name,
+        cron=schedule.cron,
+        interval=schedule.interval_s,
+        parameters=parameters,
+        description=f"datagen run of {config_path.resolve()}, {schedule.describe()}",
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        work_pool_name=pool,
+        job_variables=job_variables,
+        concurrency_limit=one_at_a_time,
+    )
+
+
+def serve(config_path: Path, schedule: Schedule, name: str, fresh_run_names: bool) -> None:
+    """Serve the deployment from this process until Ctrl-C; each firing runs in a child process."""
+    from prefect import serve as prefect_serve
+
+    deployment = asyncio.run(_deployment(config_path, schedule, name, fresh_run_names, None))
+    prefect_serve(deployment, print_starting_message=False)
+
+
+async def register(
+    config_path: Path, schedule: Schedule, name: str, fresh_run_names: bool, pool: str
+) -> UUID:
+    """Register the deployment on a process work pool (created if missing); workers there run it."""
+    await ensure_pool(pool)
+    deployment = await _deployment(config_path, schedule, name, fresh_run_names, pool)
+    return await deployment.aapply(work_pool_name=pool)
+
+
+async def ensure_pool(pool: str) -> bool:
+    """Create a process work pool named ``pool`` unless one exists; True when it was created."""
+    from prefect.workers.process import ProcessWorker
+
+    async with get_client() as client:
+        try:
+            await client.read_work_pool(pool)
+            return False
+        except ObjectNotFound:
+            template = ProcessWorker.get_default_base_job_template()
+            create = WorkPoolCreate(name=pool, type=POOL_TYPE, base_job_template=template)
+            await client.create_work_pool(create)
+            return True
+
+
+def deployment_name(name: str) -> str:
+    """How Prefect names it (`prefect deployment run FLOW/NAME`)."""
+    return f"{SCHEDULED_FLOW}/{name}"
+
+
+def api_and_ui() -> tuple[str, str] | None:
+    """The configured API and its UI's address; None without ``PREFECT_API_URL``.
+
+    A deployment lives in a server that outlasts this command (workers and the UI read it there), so
+    Prefect's temporary server, which dies with the process, is no place for one.
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:
+        return None
+    return api, PREFECT_UI_URL.value() or api.removesuffix("/api")

@@ -1,0 +1,217 @@
+"""`datagen deploy` served from a subprocess against a real `prefect server start` (marker `prefect`).
+
+Firings of an interval schedule resume one run (a source that grows between firings gets only its
+new prompts answered, no id twice, then "nothing left to do"); a firing while the run directory is
+locked ends Completed "skipped: run X is busy"; `--fresh-run-names` makes a new run per firing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pipeline_support import check_run, datagen, kill_group, rows_on_disk, write_config, write_prompts
+
+from flows.orchestration.deploy import SCHEDULED_FLOW
+from flows.orchestration.server import PrefectServer
+from flows.store.run_lock import RunLock
+from sglang_launch.simulator import SimConfig, SimulatorProcess
+
+pytestmark = pytest.mark.prefect
+
+FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+INTERVAL_S = "3"
+PATIENCE_S = 240
+"""Per step; a firing takes ~15 s on an idle 2-core machine, 50 s when other suites share it."""
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    with SimulatorProcess(SimConfig(**FAST)) as running:
+        yield running
+
+
+def _post(api: str, path: str, body: dict[str, object] | None = None) -> list[dict[str, object]]:
+    response = httpx.post(f"{api}/{path}", json=body or {}, timeout=10)
+    response.raise_for_status()
+    result: list[dict[str, object]] = response.json()
+    return result
+
+
+def _firings(api: str, deployment: str) -> list[dict[str, object]]:
+    """Flow runs of the scheduled flow's deployment ``deployment`` (any state)."""
+    body = {"flows": {"name": {"any_": [SCHEDULED_FLOW]}}, "deployments": {"name": {"any_": [deployment]}}}
+    return _post(api, "flow_runs/filter", body)
+
+
+def _messages(api: str) -> list[str]:
+    return [str(entry["message"]) for entry in _post(api, "logs/filter", {"logs": {"level": {"ge_": 20}}})]
+
+
+def _until(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise AssertionError(f"`datagen deploy` exited before {what}:\n{out[-3000:]}")
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+@contextlib.contextmanager
+def _served(config: Path, server: PrefectServer, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    env = {
+        "PREFECT_API_URL": server.api_url,
+        "PREFECT_HOME": str(server.home),
+        "PREFECT_RUNNER_POLL_FREQUENCY": "1",  # the runner looks for due firings every second (default 10)
+    }
+    proc = datagen("deploy", str(config), "--interval", INTERVAL_S, *extra, env=env)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+
+
+def _config(tmp_path: Path, name: str, url: str, prompts: int) -> Path:
+    source = tmp_path / f"{name}.jsonl"
+    write_prompts(source, prompts)
+    return write_config(tmp_path / f"{name}.toml", name=name, output_dir=tmp_path, url=url, source=source)
+
+
+def test_firings_resume_one_run_and_skip_while_it_is_busy(
+    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
+) -> None:
+    api = server.api_url
+    config = _config(tmp_path, "sched", sim.url, 40)
+    run_dir = tmp_path / "sched"
+    lock = RunLock(run_dir)
+    lock.acquire()  # a run "in progress": the first firing must leave it alone
+    with _served(config, server) as proc:
+        try:
+
+            def skipped() -> bool:
+                return any(
+                    r["state_type"] == "COMPLETED"
+                    and str(r["state"]["message"]).startswith("skipped: run sched is busy")
+                    for r in _firings(api, "sched")
+                )
+
+            _until("a firing skipped on the busy run", skipped, proc, PATIENCE_S)
+        finally:
+            lock.release()
+        assert rows_on_disk(run_dir) == 0, "a skipped firing writes nothing"
+        _until("the first 40 rows", lambda: rows_on_disk(run_dir) == 40, proc, PATIENCE_S)
+        more = tmp_path / "more.jsonl"
+        write_prompts(more, 20, tag="q")  # the source grows between firings
+        with (tmp_path / "sched.jsonl").open("a", encoding="utf-8") as source:
+            source.write(more.read_text(encoding="utf-8"))
+        _until("the 20 new prompts answered", lambda: rows_on_disk(run_dir) == 60, proc, PATIENCE_S)
+        _until(
+            "a firing with nothing left to do",
+            lambda: any(m.startswith("nothing left to do: run sched has 60 rows") for m in _messages(api)),
+            proc,
+            PATIENCE_S,
+        )
+    check = check_run(run_dir)
+    assert len(check.row_ids) == 60 and check.duplicates == 0 and not check.corrupt_files
+
+    firings = _firings(api, "sched")
+    ended = [r for r in firings if r["state_type"] not in ("SCHEDULED", "PENDING", "RUNNING")]
+    assert {r["state_type"] for r in ended} <= {"COMPLETED", "CANCELLED"}, "no firing failed or crashed"
+    messages = _messages(api)
+    assert any(m.startswith("skipped: run sched is busy") and "in use by another" in m for m in messages)
+    assert any("run sched resumed in" in m and "40 prompts already done are skipped" in m for m in messages)
+
+
+def test_fresh_run_names_make_a_new_run_per_firing(
+    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
+) -> None:
+    config = _config(tmp_path, "fresh", sim.url, 10)
+
+    def complete_runs() -> list[Path]:
+        return [d for d in tmp_path.glob("fresh-*") if d.is_dir() and rows_on_disk(d) == 10]
+
+    with _served(config, server, "--fresh-run-names") as proc:
+        _until("two complete fresh runs", lambda: len(complete_runs()) >= 2, proc, PATIENCE_S)
+    assert not (tmp_path / "fresh").exists(), "the configured name itself is never written"
+    for run_dir in complete_runs():
+        check = check_run(run_dir)
+        assert len(check.row_ids) == 10 and check.duplicates == 0
+        stamp = run_dir.name.removeprefix("fresh-")
+        assert len(stamp) in (14, 16) and stamp.endswith("Z") and stamp[8] == "T", run_dir.name
+
+
+def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(
+    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
+) -> None:
+    api = server.api_url
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(server.home)}
+    source = tmp_path / "pooled.jsonl"
+    write_prompts(source, 10)
+    here = tmp_path / "deployed-from"
+    here.mkdir()
+    config = write_config(
+        here / "pooled.toml", name="pooled", output_dir=Path("out"), url=sim.url, source=source
+    )
+    registered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "deploy",
+            "pooled.toml",
+            "--cron",
+            "0 0 1 1 *",
+            "--pool",
+            "datagen-pool",
+        ],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+        check=False,
+    )
+    assert registered.returncode == 0, registered.stdout + registered.stderr
+    assert "prefect worker start --pool datagen-pool" in registered.stderr  # the console writes to stderr
+
+    (pool,) = _post(api, "work_pools/filter", {"work_pools": {"name": {"any_": ["datagen-pool"]}}})
+    assert pool["type"] == "process"
+    (deployment,) = _post(api, "deployments/filter", {"deployments": {"name": {"any_": ["pooled"]}}})
+    assert deployment["entrypoint"] == "flows.orchestration.deploy.scheduled_run"
+    assert deployment["parameters"] == {"config_path": str(config.resolve()), "fresh_run_names": False}
+    started = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10)
+    started.raise_for_status()
+
+    elsewhere = tmp_path / "worker"
+    elsewhere.mkdir()
+    worker = subprocess.run(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "datagen-pool", "--run-once"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+        check=False,
+    )
+    assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
+    check = check_run(here / "out" / "pooled")  # the relative output_dir is where `deploy` ran
+    assert len(check.row_ids) == 10 and check.duplicates == 0
+    run = httpx.get(f"{api}/flow_runs/{started.json()['id']}", timeout=10).json()
+    assert run["state_type"] == "COMPLETED"
+    assert run["state"]["message"] == "run pooled now has 10 rows and 0 rejects (+10 rows in this firing)"

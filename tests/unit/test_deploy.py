@@ -1,0 +1,39 @@
+"""`datagen deploy` without a server: fresh run names, schedules, and a firing on a busy run."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from pipeline_support import write_config, write_prompts
+
+from flows.orchestration.deploy import Schedule, fire, fresh_run_name
+from flows.store.run_lock import RunLock
+
+
+def test_fresh_run_names_are_the_scheduled_time_in_utc_and_safe_for_paths() -> None:
+    assert fresh_run_name("regen", datetime(2026, 12, 1, 12, 0, tzinfo=UTC)) == "regen-20261201T1200Z"
+    assert fresh_run_name("regen", datetime(2026, 12, 1, 12, 0, 5, tzinfo=UTC)) == "regen-20261201T120005Z"
+    paris = timezone(timedelta(hours=1))
+    assert fresh_run_name("regen", datetime(2026, 12, 1, 13, 0, tzinfo=paris)) == "regen-20261201T1200Z"
+
+
+@pytest.mark.parametrize(("cron", "interval"), [(None, None), ("0 * * * *", 60.0), (None, 0.0), (None, -5.0)])
+def test_a_schedule_is_a_cron_or_a_positive_interval(cron: str | None, interval: float | None) -> None:
+    with pytest.raises(ValueError):
+        Schedule(cron=cron, interval_s=interval)
+
+
+async def test_a_firing_on_a_busy_run_is_skipped_with_a_line_and_writes_nothing(tmp_path: Path) -> None:
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 5)
+    config = write_config(
+        tmp_path / "c.toml", name="busy", output_dir=tmp_path, url="http://127.0.0.1:9", source=source
+    )
+    said: list[str] = []
+    with RunLock(tmp_path / "busy"):  # another firing (or a `datagen run`) holds the run
+        line = await fire(config, fresh_run_names=False, scheduled=datetime.now(UTC), say=said.append)
+    assert line.startswith("skipped: run busy is busy (") and "in use by another datagen run" in line
+    assert said == [line]
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == [".lock"], "nothing written"
