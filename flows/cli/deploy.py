@@ -13,6 +13,7 @@ import typer
 from flows.cli.console import console, fail
 from flows.config import ConfigError, load_config
 from flows.runner import configure
+from flows.store.parts import Part
 
 
 def deploy(
@@ -31,6 +32,14 @@ def deploy(
             help="Each firing starts a new run <name>-<scheduled UTC time> instead of resuming the run.",
         ),
     ] = False,
+    part: Annotated[
+        str | None,
+        typer.Option(
+            "--part",
+            help="Each firing runs part i of K (e.g. 2/4): one deployment per part, each on its own pool "
+            "or machine, sharing one output location.",
+        ),
+    ] = None,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Log at INFO (default: warnings).")
     ] = False,
@@ -42,6 +51,7 @@ def deploy(
     try:
         schedule = Schedule(cron=cron, interval_s=interval)
         cfg = load_config(config)
+        split = None if part is None else Part.parse(part)
     except (ValueError, ConfigError) as error:
         fail(str(error))
     addresses = api_and_ui()
@@ -51,10 +61,10 @@ def deploy(
             "and export PREFECT_API_URL=http://127.0.0.1:4200/api"
         )
     api, ui = addresses
-    label = name or cfg.run.name
+    label = name or (cfg.run.name if split is None else f"{cfg.run.name}-{split.label}")
     what = f"deployment {deployment_name(label)} ({schedule.describe()})"
     if pool is not None:
-        deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool))
+        deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool, split))
         console.print(f"{what} registered on work pool {pool!r} at {api}")
         console.print(f"UI: {ui}/deployments/deployment/{deployment_id}")
         console.print(
@@ -64,4 +74,4 @@ def deploy(
         return
     console.print(f"serving {what} from this process; Ctrl-C stops it")
     console.print(f"UI: {ui}/deployments (its flow runs: {ui}/runs)")
-    serve(config, schedule, label, fresh_run_names)
+    serve(config, schedule, label, fresh_run_names, split)

@@ -37,6 +37,7 @@ from prefect.states import Completed
 from flows.config import RunConfig, load_config
 from flows.report.status import run_status
 from flows.runner import execute
+from flows.store.parts import Part
 from flows.store.run_lock import RunLocked
 
 SCHEDULED_FLOW = "datagen-scheduled"
@@ -84,7 +85,12 @@ def _settled(config: RunConfig) -> tuple[int, int]:
 
 
 async def fire(
-    config_path: Path, *, fresh_run_names: bool, scheduled: datetime, say: Callable[[str], None]
+    config_path: Path,
+    *,
+    fresh_run_names: bool,
+    scheduled: datetime,
+    say: Callable[[str], None],
+    part: Part | None = None,
 ) -> str:
     """One firing: run (or resume) the config, or skip it when its run directory is busy.
 
@@ -97,7 +103,7 @@ async def fire(
     name = config.run.name
     before = _settled(config)
     try:
-        status = await execute(config)
+        status = await execute(config, part=part)
     except RunLocked as error:
         line = f"skipped: run {name} is busy ({error})"
     else:
@@ -113,8 +119,11 @@ async def fire(
 
 
 @flow(name=SCHEDULED_FLOW, persist_result=False)
-async def scheduled_run(config_path: str, fresh_run_names: bool = False) -> State:
-    """A firing of `datagen deploy`: the run of CONFIG_PATH resumed (or a fresh one), or skipped if busy."""
+async def scheduled_run(config_path: str, fresh_run_names: bool = False, part: str | None = None) -> State:
+    """A firing of `datagen deploy`: the run of CONFIG_PATH resumed (or a fresh one), or skipped if busy.
+
+    ``part`` ("i/K") makes the firing part i of K of the run (one deployment per part, see ``--part``).
+    """
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
     scheduled = flow_run.expected_start_time if flow_run and flow_run.expected_start_time else None
@@ -123,14 +132,24 @@ async def scheduled_run(config_path: str, fresh_run_names: bool = False) -> Stat
         fresh_run_names=fresh_run_names,
         scheduled=scheduled or datetime.now(UTC),
         say=get_run_logger().info,
+        part=None if part is None else Part.parse(part),
     )
     return Completed(message=line)
 
 
 async def _deployment(
-    config_path: Path, schedule: Schedule, name: str, fresh_run_names: bool, pool: str | None
+    config_path: Path,
+    schedule: Schedule,
+    name: str,
+    fresh_run_names: bool,
+    pool: str | None,
+    part: Part | None = None,
 ) -> RunnerDeployment:
-    parameters = {"config_path": str(config_path.resolve()), "fresh_run_names": fresh_run_names}
+    parameters = {
+        "config_path": str(config_path.resolve()),
+        "fresh_run_names": fresh_run_names,
+        "part": None if part is None else str(part),
+    }
     # a process worker starts flow runs in a temporary directory unless told: a relative
     # `output_dir` must mean what it means to `datagen run` here
     job_variables = {"working_dir": str(Path.cwd())} if pool else None
@@ -151,20 +170,27 @@ async def _deployment(
     )
 
 
-def serve(config_path: Path, schedule: Schedule, name: str, fresh_run_names: bool) -> None:
+def serve(
+    config_path: Path, schedule: Schedule, name: str, fresh_run_names: bool, part: Part | None = None
+) -> None:
     """Serve the deployment from this process until Ctrl-C; each firing runs in a child process."""
     from prefect import serve as prefect_serve
 
-    deployment = asyncio.run(_deployment(config_path, schedule, name, fresh_run_names, None))
+    deployment = asyncio.run(_deployment(config_path, schedule, name, fresh_run_names, None, part))
     prefect_serve(deployment, print_starting_message=False)
 
 
 async def register(
-    config_path: Path, schedule: Schedule, name: str, fresh_run_names: bool, pool: str
+    config_path: Path,
+    schedule: Schedule,
+    name: str,
+    fresh_run_names: bool,
+    pool: str,
+    part: Part | None = None,
 ) -> UUID:
     """Register the deployment on a process work pool (created if missing); workers there run it."""
     await ensure_pool(pool)
-    deployment = await _deployment(config_path, schedule, name, fresh_run_names, pool)
+    deployment = await _deployment(config_path, schedule, name, fresh_run_names, pool, part)
     return await deployment.aapply(work_pool_name=pool)
 
 

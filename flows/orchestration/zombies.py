@@ -27,8 +27,8 @@ HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 HEARTBEAT_S = 30
 MISSED_HEARTBEATS = 3
 AUTOMATION_NAME = "datagen: mark dead flow runs Crashed"
-DATAGEN_FLOWS = ("datagen", "category")
-"""The flows whose runs the automation watches (the run and its per-category subflows)."""
+DATAGEN_FLOWS = ("datagen", "category", "datagen-scheduled")
+"""The flows whose runs the automation watches: the run, its per-category subflows, deploy firings."""
 CRASH_MESSAGE = (
     "no heartbeat for {within} s: its process died (kill -9, a lost node); "
     "the same command, or a retry of this flow run, resumes it from the files"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pipeline_support import write_config, write_prompts
 
-from flows.orchestration.deploy import Schedule, fire, fresh_run_name
+from flows.orchestration.deploy import Schedule, _deployment, fire, fresh_run_name
+from flows.store.parts import Part
 from flows.store.run_lock import RunLock
 
 
@@ -37,3 +38,25 @@ async def test_a_firing_on_a_busy_run_is_skipped_with_a_line_and_writes_nothing(
     assert line.startswith("skipped: run busy is busy (") and "in use by another datagen run" in line
     assert said == [line]
     assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == [".lock"], "nothing written"
+
+
+async def test_a_part_deployment_fires_its_part_and_carries_it_as_a_parameter(tmp_path: Path) -> None:
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 5)
+    config = write_config(
+        tmp_path / "c.toml", name="split", output_dir=tmp_path, url="http://127.0.0.1:9", source=source
+    )
+    said: list[str] = []
+    with RunLock(tmp_path / "split", Part(2, 3)):  # part 2/3 busy on another machine
+        line = await fire(
+            config, fresh_run_names=False, scheduled=datetime.now(UTC), say=said.append, part=Part(2, 3)
+        )
+    assert line.startswith("skipped: run split is busy (")  # its own part's lock, not the whole run's
+    deployment = await _deployment(
+        config, Schedule(interval_s=60), "split-part-2-of-3", False, None, Part(2, 3)
+    )
+    assert deployment.parameters == {
+        "config_path": str(config.resolve()),
+        "fresh_run_names": False,
+        "part": "2/3",
+    }
