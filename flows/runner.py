@@ -101,17 +101,22 @@ async def _run_session(
                 if link is not None:
                     from flows.orchestration.flow import run_with_prefect
 
-                    await run_with_prefect(session, link)
+                    await session.guard(run_with_prefect(session, link))
                 else:
-                    await Pipeline(session).run_plain()
+                    await session.guard(Pipeline(session).run_plain())
             finally:
                 await session.report()
                 if display is not None:
                     display.stop()
-    finally:
+    except BaseException as error:
         if session.fingerprint:  # the run directory was opened: explain it, even after a failure
-            status = run_status(config.run_dir)
-            summary = write_report(session, status)
+            try:
+                write_report(session, run_status(config.run_dir))
+            except Exception as also:  # the same full disk, usually: the first error is the one to tell
+                log.info("no report after %s: %s", type(error).__name__, also)
+        raise
+    status = run_status(config.run_dir)
+    summary = write_report(session, status)
     if display is not None:
         display.summary(summary, status)
     return status

@@ -22,7 +22,7 @@ from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
 from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
 from flows.store.run_lock import RunLocked
-from flows.store.run_store import FingerprintMismatch
+from flows.store.run_store import FingerprintMismatch, StoreWriteFailed
 
 app = typer.Typer(
     help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
@@ -89,6 +89,9 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"the run stopped: {error}. Rows finished so far are saved; fix it and rerun to resume.", 3)
     except PrefectUnavailable as error:
         fail(str(error), 3)
+    except StoreWriteFailed as error:
+        remedy = "free some space" if error.disk_full else "fix it"
+        fail(f"{error}. Rows written so far are saved; {remedy} and run the same command again to resume.", 5)
     except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
         fail(f"cannot use the endpoint: {error}", 3)
     except (KeyboardInterrupt, _Terminated):
