@@ -18,7 +18,7 @@ from flows.orchestration.link import PrefectLink, open_link, prefect_env_default
 from flows.report.progress_log import ProgressLog
 from flows.report.status import RunStatus, expected_prompts, run_status
 from flows.report.summary import write_report
-from flows.run.endpoints import ConfigProblem
+from flows.run.endpoints import ConfigProblem, SecretLoader
 from flows.run.pipeline import Pipeline
 from flows.run.session import RunSession
 from flows.store.run_lock import RunLock
@@ -89,7 +89,12 @@ async def execute(
 async def _run_session(
     config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None
 ) -> RunStatus:
-    session = RunSession(config, force=force)
+    secrets: SecretLoader | None = None
+    if link is not None:  # Secret blocks live in Prefect: the orchestration room reads them
+        from flows.orchestration.secrets import load_secret
+
+        secrets = load_secret
+    session = RunSession(config, force=force, secrets=secrets)
     session.reporters.append(ProgressLog(config.run_dir))
     if display is not None:
         session.reporters.append(display.update)

@@ -21,7 +21,7 @@ from flows.config import RunConfig, fingerprint
 from flows.control.limiter import Limiter
 from flows.control.wiring import Control
 from flows.run.categories import Categories
-from flows.run.endpoints import EndpointPool
+from flows.run.endpoints import EndpointPool, SecretLoader
 from flows.run.pump import Patience
 from flows.store.flusher import Flusher
 from flows.store.run_store import RunStore
@@ -35,11 +35,18 @@ T = TypeVar("T")
 class RunSession:
     """Use with ``async with``: opens the store (fingerprint checked); flushes every row at exit."""
 
-    def __init__(self, config: RunConfig, *, force: bool = False, report_every_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        force: bool = False,
+        report_every_s: float = 2.0,
+        secrets: SecretLoader | None = None,
+    ) -> None:
         self.config = config
         self.force = force
         self.store = RunStore(config.run_dir)
-        self.pool = EndpointPool(config)
+        self.pool = EndpointPool(config, secrets)
         self.categories = Categories(config, self.store)
         self.started = time.monotonic()
         self.reporters: list[Reporter] = []

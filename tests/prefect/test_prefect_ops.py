@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,21 +25,8 @@ pytestmark = pytest.mark.prefect
 FAST = {"time_scale": 0.05, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with PrefectServer(home=tmp_path_factory.mktemp("prefect-home"), ui=False) as running:
-        yield running
-
-
-def _post(api: str, path: str, body: dict[str, object] | None = None) -> list[dict[str, object]]:
-    response = httpx.post(f"{api}/{path}", json=body or {}, timeout=10)
-    response.raise_for_status()
-    result: list[dict[str, object]] = response.json()
-    return result
-
-
 def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
-    tmp_path: Path, server: PrefectServer
+    tmp_path: Path, server: PrefectServer, api_post: Any
 ) -> None:
     api = server.api_url
     env = {"PREFECT_API_URL": api, "PREFECT_HOME": str(server.home)}
@@ -54,7 +41,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
             time.sleep(1.0)
         finally:
             kill_group(first)
-        running = [r for r in _post(api, "flow_runs/filter") if r["state_type"] == "RUNNING"]
+        running = [r for r in api_post("flow_runs/filter") if r["state_type"] == "RUNNING"]
         assert {r["name"] for r in running} == {"killtest", "chat"}  # what a SIGKILL leaves behind
         again = datagen("run", str(config), env=env)
         out, _ = again.communicate(timeout=300)
@@ -62,7 +49,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     check = check_run(tmp_path / "killtest")
     assert len(check.row_ids) + len(check.reject_ids) == 600 and check.duplicates == 0
 
-    runs = _post(api, "flow_runs/filter")
+    runs = api_post("flow_runs/filter")
     top = [r for r in runs if r["name"] == "killtest" and r["parent_task_run_id"] is None]
     assert len(top) == 1, "the resume is the same flow run, retried, not a stranger of the same name"
     (run,) = top
@@ -70,11 +57,11 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": run["id"]}, timeout=10).json()
     assert "CRASHED" in [s["type"] for s in states]
     assert not [r for r in runs if r["state_type"] in ("RUNNING", "PENDING")]
-    tasks = _post(api, "task_runs/filter")
+    tasks = api_post("task_runs/filter")
     assert not [t for t in tasks if t["state_type"] in ("RUNNING", "PENDING")]
     assert {t["state_type"] for t in tasks} <= {"COMPLETED", "CRASHED"}
 
-    artifacts = [a for a in _post(api, "artifacts/filter") if a["flow_run_id"] == run["id"]]
+    artifacts = [a for a in api_post("artifacts/filter") if a["flow_run_id"] == run["id"]]
     keys = Counter(a["key"] for a in artifacts)
     assert set(keys) == {"killtest-progress", "killtest-chat", "killtest-endpoints", "killtest-report"}
     assert set(keys.values()) == {1}, f"one card per key, updated in place across both starts: {keys}"
@@ -91,7 +78,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     )
     assert "## Plots" in str(by_key["killtest-report"]["data"])
 
-    logs = [str(entry["message"]) for entry in _post(api, "logs/filter", {"logs": {"level": {"ge_": 20}}})]
+    logs = [str(entry["message"]) for entry in api_post("logs/filter", {"logs": {"level": {"ge_": 20}}})]
     assert any("marked Crashed" in line for line in logs)
     assert any("resumed" in line and "already done are skipped" in line for line in logs)
     assert any(line.startswith("category chat finished") for line in logs)
