@@ -280,6 +280,9 @@ def _datagen_flow(
             await _stop(updater)
             await view.finish(completed=False)
             raise
+        except BaseException:  # a stop (SIGTERM, Ctrl-C): no tick may race Prefect closing its clients
+            await _stop(updater)
+            raise
         await _stop(updater)
         await view.finish(completed=True)
         return session.snapshot()
