@@ -29,6 +29,7 @@ from prompts.categories import expand
 from sglang_launch.server_config import ServerConfig
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")  # Prefect's rule for block document names
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -86,6 +87,10 @@ class EndpointConfig(_Strict):
     url: str = Field(description="Base URL of the server, e.g. http://127.0.0.1:30000")
     model: str | None = Field(default=None, description="Served model name; read from /v1/models if absent.")
     api_key_env: str | None = Field(default=None, description="NAME of the env var that holds the API key.")
+    api_key_secret: str | None = Field(
+        default=None,
+        description="NAME of a Prefect Secret block holding the API key, read at run time (needs Prefect).",
+    )
     stream: bool = Field(
         default=False,
         description="Stream answers (measures time to first token). Off by default: measured on "
@@ -110,6 +115,23 @@ class EndpointConfig(_Strict):
                 "must be the NAME of an environment variable (e.g. SGLANG_API_KEY), not the key itself"
             )
         return value
+
+    @field_validator("api_key_secret")
+    @classmethod
+    def _block_name(cls, value: str | None) -> str | None:
+        if value is not None and not _BLOCK_NAME.match(value):
+            # Never echo the value: it may be the key itself pasted by mistake.
+            raise ValueError(
+                "must be the NAME of a Prefect Secret block (lowercase letters, digits, dashes), "
+                "not the key itself"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> EndpointConfig:
+        if self.api_key_env is not None and self.api_key_secret is not None:
+            raise ValueError("set api_key_env or api_key_secret, not both")
+        return self
 
 
 class ConcurrencyConfig(_Strict):
@@ -384,10 +406,12 @@ def parse_config(data: dict[str, Any], *, source: str = "config", base: Path | N
     if base is not None:
         _resolve_sources(data, base)
     _expand_categories(data, base, source)
-    if "api_key" in json.dumps(_keys_only(data)).replace("api_key_env", ""):
+    named = json.dumps(_keys_only(data)).replace("api_key_env", "").replace("api_key_secret", "")
+    if "api_key" in named:
         raise ConfigError(
             f"{source}: an 'api_key' value is in the config file. Put the key in an environment variable "
-            'and name that variable with api_key_env = "SGLANG_API_KEY".'
+            'and name that variable with api_key_env = "SGLANG_API_KEY", or in a Prefect Secret block '
+            'named with api_key_secret = "sglang-key".'
         )
     try:
         return RunConfig.model_validate(data)

@@ -18,7 +18,7 @@ from flows.orchestration.link import PrefectLink, open_link, prefect_env_default
 from flows.report.progress_log import ProgressLog
 from flows.report.status import RunStatus, expected_prompts, run_status
 from flows.report.summary import write_report
-from flows.run.endpoints import ConfigProblem
+from flows.run.endpoints import ConfigProblem, SecretLoader
 from flows.run.pipeline import Pipeline
 from flows.run.session import RunSession
 from flows.store.parts import Part
@@ -94,7 +94,12 @@ async def execute(
 async def _run_session(
     config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None, part: Part | None
 ) -> RunStatus:
-    session = RunSession(config, force=force, part=part)
+    secrets: SecretLoader | None = None
+    if link is not None:  # Secret blocks live in Prefect: the orchestration room reads them
+        from flows.orchestration.secrets import load_secret
+
+        secrets = load_secret
+    session = RunSession(config, force=force, part=part, secrets=secrets)
     session.reporters.append(ProgressLog(config.run_dir))
     if display is not None:
         session.reporters.append(display.update)
@@ -106,17 +111,22 @@ async def _run_session(
                 if link is not None:
                     from flows.orchestration.flow import run_with_prefect
 
-                    await run_with_prefect(session, link, None if part is None else part.label)
+                    await session.guard(run_with_prefect(session, link, None if part is None else part.label))
                 else:
-                    await Pipeline(session).run_plain()
+                    await session.guard(Pipeline(session).run_plain())
             finally:
                 await session.report()
                 if display is not None:
                     display.stop()
-    finally:
+    except BaseException as error:
         if session.fingerprint:  # the run directory was opened: explain it, even after a failure
-            status = run_status(session.store)
-            summary = write_report(session, status)
+            try:
+                write_report(session, run_status(session.store))
+            except Exception as also:  # the same full disk, usually: the first error is the one to tell
+                log.info("no report after %s: %s", type(error).__name__, also)
+        raise
+    status = run_status(session.store)
+    summary = write_report(session, status)
     if display is not None:
         display.summary(summary, status)
     return status

@@ -25,7 +25,7 @@ from flows.runner import configure, demo_config, demo_sim_config, execute, reset
 from flows.store.location import LocationError
 from flows.store.parts import Part, PartError
 from flows.store.run_lock import RunLocked
-from flows.store.run_store import FingerprintMismatch, PartsMismatch
+from flows.store.run_store import FingerprintMismatch, PartsMismatch, StoreWriteFailed
 
 app = typer.Typer(
     help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
@@ -92,6 +92,9 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"the run stopped: {error}. Rows finished so far are saved; fix it and rerun to resume.", 3)
     except PrefectUnavailable as error:
         fail(str(error), 3)
+    except StoreWriteFailed as error:
+        remedy = "free some space" if error.disk_full else "fix it"
+        fail(f"{error}. Rows written so far are saved; {remedy} and run the same command again to resume.", 5)
     except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
         fail(f"cannot use the endpoint: {error}", 3)
     except (KeyboardInterrupt, _Terminated):

@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import uuid
+from collections.abc import Callable
+from types import FrameType
 from typing import Any, cast
 from uuid import UUID
 
@@ -211,7 +214,25 @@ class _Units:
         return self._units.pop(key)
 
 
-def _datagen_flow(pipeline: Pipeline, link: PrefectLink, history: list[str], continuing: bool) -> Any:
+SigtermHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def _own_sigterm(handler: SigtermHandler) -> None:
+    """Put the run's SIGTERM handling back inside a flow body Prefect's engine just entered.
+
+    Prefect swaps SIGTERM, for each flow run and subflow, for a handler that raises
+    ``TerminationSignal`` in whatever code runs when the signal lands (a request task, a shard
+    write): a traceback per task, runs marked crashed mid-step. The run's own stop (``datagen run``
+    cancels its main task, as for Ctrl-C: everything read is flushed) is the handler that was there
+    before the flow started; Prefect restores its saved one when the body ends.
+    """
+    if handler is not None:
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _datagen_flow(
+    pipeline: Pipeline, link: PrefectLink, history: list[str], continuing: bool, sigterm: SigtermHandler
+) -> Any:
     """The run's flow, its category subflow and shard task, closed over this run's pipeline.
 
     The live objects (clients, store, limiter) stay in this process and out of Prefect's parameters,
@@ -226,6 +247,7 @@ def _datagen_flow(pipeline: Pipeline, link: PrefectLink, history: list[str], con
 
     @flow(name="category", flow_run_name="{category}", persist_result=False, validate_parameters=False)
     async def category_flow(category: str, unit_key: str) -> None:
+        _own_sigterm(sigterm)
         await track(units.pop(unit_key), pipeline.run_category(category, cast(ShardRunner, shard_task)))
         _events().info("%s", RunEvents.category_line(category, session.categories.get(category)))
 
@@ -244,6 +266,7 @@ def _datagen_flow(pipeline: Pipeline, link: PrefectLink, history: list[str], con
 
     @flow(name="datagen", flow_run_name="{run_name}", persist_result=False, validate_parameters=False)
     async def datagen_flow(run_name: str, unit_key: str) -> dict[str, Any]:
+        _own_sigterm(sigterm)
         for line in history:
             _events().info("%s", line)
         view = _LiveView(session, link)
@@ -262,6 +285,9 @@ def _datagen_flow(pipeline: Pipeline, link: PrefectLink, history: list[str], con
         except Exception:
             await _stop(updater)
             await view.finish(completed=False)
+            raise
+        except BaseException:  # a stop (SIGTERM, Ctrl-C): no tick may race Prefect closing its clients
+            await _stop(updater)
             raise
         await _stop(updater)
         await view.finish(completed=True)
@@ -286,7 +312,8 @@ async def run_with_prefect(session: RunSession, link: PrefectLink, part: str | N
         log.warning("could not read this run's earlier flow runs", exc_info=True)
     pipeline = Pipeline(session)
     continuing = earlier is not None and earlier.continue_in is not None
-    datagen_flow, units = _datagen_flow(pipeline, link, _history(earlier), continuing)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    datagen_flow, units = _datagen_flow(pipeline, link, _history(earlier), continuing, sigterm)
     watcher = asyncio.create_task(link.watch())
 
     async def start(unit: Unit) -> object:

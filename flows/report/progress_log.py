@@ -8,6 +8,7 @@ Times are wall-clock seconds, so the starts of a resumed run follow each other o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from flows.run.session import RunSession
 
 PROGRESS_DIR = "progress"
+log = logging.getLogger(__name__)
 
 
 class ProgressLog:
@@ -28,6 +30,8 @@ class ProgressLog:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         host = "".join(ch if ch.isalnum() else "-" for ch in socket.gethostname())
         self.path = run_dir / PROGRESS_DIR / f"part-{stamp}-{host}-{os.getpid()}.jsonl"
+        self.stopped = False
+        """Set by a failed append: the log is a plot's input, so it is given up rather than retried."""
 
     def __call__(self, session: RunSession) -> None:
         snap = session.snapshot()
@@ -42,9 +46,15 @@ class ProgressLog:
                 for e in snap["endpoints"]
             ],
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
+        if self.stopped:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line) + "\n")
+        except OSError as error:  # a full disk: the shards' own write stops the run with one line
+            self.stopped = True
+            log.info("progress log stopped: cannot append to %s: %s", self.path, error.strerror or error)
 
 
 def read_progress(run_dir: Path) -> list[list[dict[str, Any]]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from flows.client.endpoint import EndpointClient, RetryPolicy
@@ -28,6 +29,11 @@ class ConfigProblem(RuntimeError):
     """The run cannot start as configured (no model served, unreadable key): say so, spend nothing."""
 
 
+SecretLoader = Callable[[str], Awaitable[str]]
+"""A Prefect Secret block's name -> its value. Given by the orchestration room (the only one that
+imports Prefect); None for a run without Prefect."""
+
+
 @dataclass(frozen=True)
 class Target:
     """One server to send to, before a client exists for it."""
@@ -37,22 +43,43 @@ class Target:
     api_key_env: str | None
     stream: bool
     engine: Engine | None
+    api_key_secret: str | None = None
 
 
-def _api_key(env_name: str | None) -> str | None:
-    if env_name is None:
+async def _api_key(target: Target, secrets: SecretLoader | None) -> str | None:
+    """The target's key, from its env var or its Prefect Secret block; a key that cannot be read is a
+    ConfigProblem whose message names where it was looked for, never a value."""
+    if target.api_key_secret is not None:
+        name = target.api_key_secret
+        if secrets is None:
+            raise ConfigProblem(
+                f"the API key of {target.url} is in the Prefect Secret block {name!r} (api_key_secret), but "
+                "this run has no Prefect (--no-prefect, or its API did not answer): run with Prefect, "
+                "or name an environment variable with api_key_env"
+            )
+        try:
+            return await secrets(name)
+        except Exception as error:
+            raise ConfigProblem(
+                f"cannot read the API key of {target.url} from the Prefect Secret block {name!r}: "
+                f"{type(error).__name__}: {error}"
+            ) from None
+    if target.api_key_env is None:
         return None
-    key = os.environ.get(env_name)
+    key = os.environ.get(target.api_key_env)
     if not key:
-        raise ConfigProblem(f"api_key_env names {env_name}, but that environment variable is empty or unset")
+        raise ConfigProblem(
+            f"api_key_env names {target.api_key_env}, but that environment variable is empty or unset"
+        )
     return key
 
 
 class EndpointPool:
     """Every endpoint of a run; ``open`` connects, ``aclose`` releases. ``model`` is what they serve."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, secrets: SecretLoader | None = None) -> None:
         self.config = config
+        self.secrets = secrets
         self.endpoints: list[Endpoint] = []
         self.engine: LaunchedEngine | None = None
         self.model = ""
@@ -71,7 +98,7 @@ class EndpointPool:
                 client = EndpointClient(
                     target.url,
                     target.model,
-                    _api_key(target.api_key_env),
+                    await _api_key(target, self.secrets),
                     stream=target.stream,
                     read_timeout_s=retry.read_timeout_s,
                     retry=policy,
@@ -96,7 +123,16 @@ class EndpointPool:
                 Target(self.engine.url, server.served_model_name, server.api_key_env, False, self.engine)
             )
         for endpoint in self.config.endpoints:
-            targets.append(Target(endpoint.url, endpoint.model, endpoint.api_key_env, endpoint.stream, None))
+            targets.append(
+                Target(
+                    endpoint.url,
+                    endpoint.model,
+                    endpoint.api_key_env,
+                    endpoint.stream,
+                    None,
+                    endpoint.api_key_secret,
+                )
+            )
         return targets
 
     async def _resolve_model(self) -> str:

@@ -11,18 +11,17 @@ tested without an orchestrator.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from flows.client.guard import Endpoint
 from flows.config import RunConfig, fingerprint
 from flows.control.limiter import Limiter
 from flows.control.wiring import Control
 from flows.run.categories import Categories
-from flows.run.endpoints import EndpointPool
+from flows.run.endpoints import EndpointPool, SecretLoader
 from flows.run.pump import Patience
 from flows.store.flusher import Flusher
 from flows.store.parts import Part
@@ -31,18 +30,25 @@ from flows.store.run_store import RunStore
 log = logging.getLogger(__name__)
 
 Reporter = Callable[["RunSession"], Awaitable[None] | None]
+T = TypeVar("T")
 
 
 class RunSession:
     """Use with ``async with``: opens the store (fingerprint checked); flushes every row at exit."""
 
     def __init__(
-        self, config: RunConfig, *, force: bool = False, part: Part | None = None, report_every_s: float = 2.0
+        self,
+        config: RunConfig,
+        *,
+        force: bool = False,
+        part: Part | None = None,
+        report_every_s: float = 2.0,
+        secrets: SecretLoader | None = None,
     ) -> None:
         self.config = config
         self.force = force
         self.store = RunStore(config.run_location, part)
-        self.pool = EndpointPool(config)
+        self.pool = EndpointPool(config, secrets)
         self.categories = Categories(config, self.store)
         self.started = time.monotonic()
         self.reporters: list[Reporter] = []
@@ -72,17 +78,62 @@ class RunSession:
             self._background.append(asyncio.create_task(loop))
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Flush, report, close: every step runs even if one fails (the endpoints are always closed).
+
+        When the run is already stopping for an error, a failure here (most often the same full disk
+        failing the last flush) is logged at INFO and the first error stays the one the user reads.
+        """
         for task in self._background:
             task.cancel()
-        for task in self._background:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self._flusher.drain()
-        await self.report()
+        await asyncio.gather(*self._background, return_exceptions=True)  # a loop's failure: `guard`'s
+        failures: list[Exception] = []
+        for step in (self._flusher.drain, self.report, self._close_control, self.pool.aclose):
+            try:
+                await step()
+            except Exception as error:
+                failures.append(error)
+        if failures and exc is None:
+            raise failures[0]
+        for failure in failures:
+            log.info("while stopping after %s: %s", type(exc).__name__, failure)
+
+    async def _close_control(self) -> None:
         if self._control is not None:
             await self._control.aclose()
-        await self.pool.aclose()
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Run ``work`` (the pipeline) while the background loops live; a loop that fails stops it.
+
+        A loop fails when a shard or the timeline cannot be written (a full disk). Going on would send
+        requests whose answers can only pile up in memory and be lost, so the work is cancelled at
+        once and the loop's error is raised. (A loop may also end normally: a fixed limit has no
+        controllers to run.)
+        """
+        job = asyncio.ensure_future(work)
+        failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+        def watch(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and task.exception() is not None and not failed.done():
+                failed.set_result(task.exception())  # type: ignore[arg-type]
+
+        for task in self._background:
+            task.add_done_callback(watch)
+        either: set[asyncio.Future[Any]] = {job, failed}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in self._background:
+                task.remove_done_callback(watch)
+            if not job.done():
+                job.cancel()
+                await asyncio.wait({job})
+        if failed.done():
+            if not job.cancelled():
+                job.exception()  # what the cancel left it with follows from the loop's error
+            raise failed.result()
+        failed.cancel()
+        return job.result()
 
     @property
     def control(self) -> Control:

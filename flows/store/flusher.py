@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from flows.store.run_store import ShardWriter
+from flows.store.run_store import ShardWriter, StoreWriteFailed
 
 FLUSH_POLL_S = 0.25
 """How often due shards are looked for: rows reach disk within flush_seconds + this."""
@@ -22,7 +22,9 @@ class Flusher:
         """Write due shards in a worker thread, so an fsync never pauses the streams being read.
 
         Each write is shielded: cancelling the loop at shutdown lets a shard being written finish
-        (``drain`` waits for it) instead of leaving its rows neither buffered nor on disk.
+        (``drain`` waits for it) instead of leaving its rows neither buffered nor on disk. A write
+        that fails (``StoreWriteFailed``: a full disk) ends the loop with that error, which stops
+        the run (``RunSession.guard``): its rows were not written and are asked again on resume.
         """
         while True:
             await asyncio.sleep(FLUSH_POLL_S)
@@ -32,12 +34,22 @@ class Flusher:
                     await asyncio.shield(self._writing)
 
     async def settle(self) -> None:
-        """Wait for a write under way (if any) to be on disk."""
+        """Wait for a write under way (if any) to end; a failed one is the loop's error, not raised here."""
         if self._writing is not None:
-            await asyncio.shield(self._writing)
+            await asyncio.wait({self._writing})
 
     async def drain(self) -> None:
-        """After the loop was cancelled: let a write under way finish, then write every buffered row."""
+        """After the loop was cancelled: let a write under way end, then write every buffered row.
+
+        Every writer is tried even when one fails (a smaller rejects shard may still fit on a nearly
+        full disk); the first failure is raised after.
+        """
         await self.settle()
+        failures: list[StoreWriteFailed] = []
         for writer in self._writers():
-            writer.flush()
+            try:
+                writer.flush()
+            except StoreWriteFailed as error:
+                failures.append(error)
+        if failures:
+            raise failures[0]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import errno
 import itertools
 import json
 import logging
 import os
 import posixpath
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -53,6 +55,41 @@ class FingerprintMismatch(RuntimeError):
 
 class PartsMismatch(RuntimeError):
     """The run directory was written split into another number of parts (ids would land twice)."""
+class StoreWriteFailed(RuntimeError):
+    """A file of the run directory could not be written (a full disk, a quota, an I/O error).
+
+    Raised instead of the bare ``OSError`` so the run can stop with one line naming the file, the
+    space left and what the write needed, rather than a traceback from a worker thread. Nothing
+    partial is left behind (``atomic_file`` removed its temporary file) and the rows of the failed
+    write are simply asked again on resume.
+    """
+
+    def __init__(self, path: Path, error: OSError, needed_bytes: int | None = None) -> None:
+        self.path = path
+        self.error = error
+        self.disk_full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        try:
+            free: int | None = shutil.disk_usage(path.parent).free
+        except OSError:
+            free = None
+        space = [f"{_size(free)} free"] if free is not None else []
+        if needed_bytes is not None:
+            space.append(f"the write needed up to {_size(needed_bytes)}")
+        what = "the disk is full" if self.disk_full else "a write failed"
+        detail = error.strerror or str(error)
+        super().__init__(f"{what}: cannot write {path} ({'; '.join([detail, *space])})")
+
+
+def _size(n: int) -> str:
+    """Bytes for a person: ``0 B``, ``1.4 MB``."""
+    if n < 1000:
+        return f"{n} B"
+    scaled = float(n)
+    for unit in ("KB", "MB", "GB"):
+        scaled /= 1000
+        if scaled < 1000:
+            return f"{scaled:.1f} {unit}"
+    return f"{scaled / 1000:.1f} TB"
 
 
 def fsync_dir(path: Path) -> None:
@@ -64,12 +101,16 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, mode: str = "wb", *, writer: str = "") -> Iterator[IO[Any]]:
+def atomic_file(
+    path: Path, mode: str = "wb", *, writer: str = "", needed_bytes: int | None = None
+) -> Iterator[IO[Any]]:
     """Write under a temporary name, fsync, rename, fsync the directory: the file is whole or absent.
 
-    A failure while writing removes the temporary file and leaves any previous ``path`` untouched.
-    ``writer`` goes into the temporary name when several processes may write one file at once (the
-    parts of a run, each rewriting the manifest), so none renames away another's temporary file.
+    A failure while writing removes the temporary file and leaves any previous ``path`` untouched;
+    an ``OSError`` (a full disk above all) comes out as ``StoreWriteFailed`` naming ``path``, with
+    ``needed_bytes`` (the caller's estimate of the file's size) in its message. ``writer`` goes into
+    the temporary name when several processes may write one file at once (the parts of a run, each
+    rewriting the manifest), so none renames away another's temporary file.
     """
     tmp = path.with_name(TMP_PREFIX + writer + path.name)
     try:
@@ -78,14 +119,19 @@ def atomic_file(path: Path, mode: str = "wb", *, writer: str = "") -> Iterator[I
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+    except BaseException as error:
+        with contextlib.suppress(OSError):  # unlinking frees space; it cannot itself need any
+            tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise StoreWriteFailed(path, error, needed_bytes) from error
         raise
-    fsync_dir(path.parent)
 
 
 def write_parquet_atomically(table: pa.Table, path: Path) -> None:
-    with atomic_file(path) as handle:
+    """One parquet file, whole or absent; a failure's message bounds the space it needed by the
+    table's uncompressed size."""
+    with atomic_file(path, needed_bytes=table.nbytes) as handle:
         pq.write_table(table, handle, compression="zstd")
 
 

@@ -11,6 +11,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,15 +25,8 @@ pytestmark = pytest.mark.prefect
 FAST = {"time_scale": 0.05, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 
 
-def _post(api: str, path: str, body: dict[str, object] | None = None) -> list[dict[str, object]]:
-    response = httpx.post(f"{api}/{path}", json=body or {}, timeout=10)
-    response.raise_for_status()
-    result: list[dict[str, object]] = response.json()
-    return result
-
-
 def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
-    tmp_path: Path, server: PrefectServer
+    tmp_path: Path, server: PrefectServer, api_post: Any
 ) -> None:
     api = server.api_url
     env = {"PREFECT_API_URL": api, "PREFECT_HOME": str(server.home)}
@@ -47,7 +41,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
             time.sleep(1.0)
         finally:
             kill_group(first)
-        running = [r for r in _post(api, "flow_runs/filter") if r["state_type"] == "RUNNING"]
+        running = [r for r in api_post("flow_runs/filter") if r["state_type"] == "RUNNING"]
         assert {r["name"] for r in running} == {"killtest", "chat"}  # what a SIGKILL leaves behind
         again = datagen("run", str(config), env=env)
         out, _ = again.communicate(timeout=300)
@@ -55,7 +49,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     check = check_run(tmp_path / "killtest")
     assert len(check.row_ids) + len(check.reject_ids) == 600 and check.duplicates == 0
 
-    runs = _post(api, "flow_runs/filter")
+    runs = api_post("flow_runs/filter")
     top = [r for r in runs if r["name"] == "killtest" and r["parent_task_run_id"] is None]
     assert len(top) == 1, "the resume is the same flow run, retried, not a stranger of the same name"
     (run,) = top
@@ -63,11 +57,11 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": run["id"]}, timeout=10).json()
     assert "CRASHED" in [s["type"] for s in states]
     assert not [r for r in runs if r["state_type"] in ("RUNNING", "PENDING")]
-    tasks = _post(api, "task_runs/filter")
+    tasks = api_post("task_runs/filter")
     assert not [t for t in tasks if t["state_type"] in ("RUNNING", "PENDING")]
     assert {t["state_type"] for t in tasks} <= {"COMPLETED", "CRASHED"}
 
-    artifacts = [a for a in _post(api, "artifacts/filter") if a["flow_run_id"] == run["id"]]
+    artifacts = [a for a in api_post("artifacts/filter") if a["flow_run_id"] == run["id"]]
     keys = Counter(a["key"] for a in artifacts)
     assert set(keys) == {"killtest-progress", "killtest-chat", "killtest-endpoints", "killtest-report"}
     assert set(keys.values()) == {1}, f"one card per key, updated in place across both starts: {keys}"
@@ -84,7 +78,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     )
     assert "## Plots" in str(by_key["killtest-report"]["data"])
 
-    logs = [str(entry["message"]) for entry in _post(api, "logs/filter", {"logs": {"level": {"ge_": 20}}})]
+    logs = [str(entry["message"]) for entry in api_post("logs/filter", {"logs": {"level": {"ge_": 20}}})]
     assert any("marked Crashed" in line for line in logs)
     assert any("resumed" in line and "already done are skipped" in line for line in logs)
     assert any(line.startswith("category chat finished") for line in logs)
@@ -93,7 +87,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
 
 
 def test_a_dead_run_is_marked_crashed_by_the_heartbeat_automation_without_a_new_start(
-    tmp_path: Path, server: PrefectServer
+    tmp_path: Path, server: PrefectServer, api_post: Any
 ) -> None:
     """Nobody starts the run again: Prefect itself finds it dead (no heartbeat for 90 s)."""
     api = server.api_url
@@ -114,9 +108,9 @@ def test_a_dead_run_is_marked_crashed_by_the_heartbeat_automation_without_a_new_
         deadline = killed_at + 240
         runs: list[dict[str, object]] = []
         while time.monotonic() < deadline:
-            runs = [r for r in _post(api, "flow_runs/filter") if r["name"] == "zombie"]
+            runs = [r for r in api_post("flow_runs/filter") if r["name"] == "zombie"]
             parents = {"flow_runs": {"parent_flow_run_id": {"any_": [r["id"] for r in runs]}}}
-            runs += _post(api, "flow_runs/filter", parents) if runs else []
+            runs += api_post("flow_runs/filter", parents) if runs else []
             if runs and all(r["state_type"] == "CRASHED" for r in runs):
                 break
             time.sleep(3)
@@ -130,8 +124,8 @@ def test_a_dead_run_is_marked_crashed_by_the_heartbeat_automation_without_a_new_
     assert again.returncode == 0, out.decode()[-3000:]
     check = check_run(tmp_path / "zombie")
     assert len(check.row_ids) + len(check.reject_ids) == 2000 and check.duplicates == 0
-    (top,) = [r for r in _post(api, "flow_runs/filter") if r["name"] == "zombie"]
+    (top,) = [r for r in api_post("flow_runs/filter") if r["name"] == "zombie"]
     assert top["state_type"] == "COMPLETED" and top["run_count"] == 2  # the Crashed run, retried in place
     ids = {top["id"], *(r["id"] for r in runs)}
-    left = [t for t in _post(api, "task_runs/filter") if t["flow_run_id"] in ids]
+    left = [t for t in api_post("task_runs/filter") if t["flow_run_id"] in ids]
     assert left and not [t for t in left if t["state_type"] in ("RUNNING", "PENDING")]

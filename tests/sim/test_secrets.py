@@ -49,6 +49,26 @@ def test_the_api_key_is_in_no_file_log_or_output(tmp_path: Path) -> None:
     assert b"LEAK_TEST_KEY" in (tmp_path / "secret" / "manifest.json").read_bytes()  # the NAME is kept
 
 
+def test_a_secret_block_without_prefect_is_one_line_naming_the_block(tmp_path: Path) -> None:
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 5)
+    config = write_config(
+        tmp_path / "run.toml", name="block", output_dir=tmp_path, url="http://127.0.0.1:9", source=source
+    )
+    config.write_text(
+        config.read_text().replace(
+            'url = "http://127.0.0.1:9"', 'url = "http://127.0.0.1:9"\napi_key_secret = "sim-key"'
+        )
+    )
+    run = datagen("run", str(config), "--no-prefect")
+    out, _ = run.communicate(timeout=120)
+    text = out.decode()
+    assert run.returncode == 2, text
+    (line,) = [line for line in text.splitlines() if line.startswith("error:")]
+    assert "Prefect Secret block 'sim-key'" in line and "--no-prefect" in line and "api_key_env" in line
+    assert "Traceback" not in text
+
+
 def test_servers_the_project_starts_listen_on_loopback_by_default() -> None:
     assert SimConfig().host == "127.0.0.1"
     assert config_from_args([]).host == "127.0.0.1"  # `datagen sim`

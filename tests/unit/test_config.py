@@ -77,6 +77,30 @@ def test_api_key_env_must_be_a_variable_name_and_is_not_echoed() -> None:
     assert "sk-live key" not in str(info.value)
 
 
+def test_api_key_secret_names_a_prefect_block_and_is_kept_as_a_name() -> None:
+    data = _with()
+    data["endpoints"][0]["api_key_secret"] = "sglang-key"
+    config = parse_config(data)
+    assert config.model_dump(mode="json")["endpoints"][0]["api_key_secret"] == "sglang-key"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"api_key_secret": "sk-Live_KEY.123"}, "NAME of a Prefect Secret block"),
+        ({"api_key_secret": "sk-live-key", "api_key_env": "KEY"}, "not both"),
+    ],
+    ids=["a-pasted-key", "both-sources"],
+)
+def test_a_bad_api_key_secret_is_refused_without_echoing_it(fields: dict[str, str], message: str) -> None:
+    data = _with()
+    data["endpoints"][0].update(fields)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert message in str(info.value)
+    assert "sk-Live_KEY.123" not in str(info.value) and "sk-live-key" not in str(info.value)
+
+
 def test_no_endpoint_and_no_launch_is_an_error_with_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"\[\[endpoints\]\]"):
         parse_config(_with(endpoints=[]))
