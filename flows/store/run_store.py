@@ -14,8 +14,8 @@ needed (a file system whose writes can be seen half done is not a place for a ru
 from __future__ import annotations
 
 import contextlib
-import io
 import errno
+import io
 import itertools
 import json
 import logging
@@ -55,6 +55,8 @@ class FingerprintMismatch(RuntimeError):
 
 class PartsMismatch(RuntimeError):
     """The run directory was written split into another number of parts (ids would land twice)."""
+
+
 class StoreWriteFailed(RuntimeError):
     """A file of the run directory could not be written (a full disk, a quota, an I/O error).
 

@@ -18,6 +18,7 @@ from flows.orchestration.link import (
     start_ephemeral,
     track,
 )
+from flows.orchestration.zombies import HEARTBEAT_ENV
 
 
 class FakeServer:
@@ -58,13 +59,14 @@ def test_a_server_that_never_starts_is_one_line_saying_how_to_run_without() -> N
     assert "migration output" not in message and "\n" not in message
 
 
-def test_the_startup_timeout_is_raised_unless_the_user_chose_one() -> None:
+def test_the_startup_timeout_and_heartbeat_are_set_unless_the_user_chose_them() -> None:
     env: dict[str, str] = {}
     prefect_env_defaults(env)
     assert int(env[STARTUP_TIMEOUT_ENV]) > 20  # Prefect's own default
-    mine = {STARTUP_TIMEOUT_ENV: "7"}
+    assert env[HEARTBEAT_ENV] == "30"  # a dead run found in 90 s (Prefect's default beat is 180 s)
+    mine = {STARTUP_TIMEOUT_ENV: "7", HEARTBEAT_ENV: "60"}
     prefect_env_defaults(mine)
-    assert mine == {STARTUP_TIMEOUT_ENV: "7"}
+    assert mine == {STARTUP_TIMEOUT_ENV: "7", HEARTBEAT_ENV: "60"}
 
 
 def _closed_port() -> int:
