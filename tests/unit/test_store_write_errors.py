@@ -57,7 +57,7 @@ def test_a_full_disk_leaves_no_file_and_one_message_naming_the_shard(
     assert message.startswith(f"the disk is full: cannot write {writer.folder}/part-")
     assert "No space left on device" in message and " free" in message and "needed up to" in message
     assert "\n" not in message
-    assert list(writer.folder.iterdir()) == []  # no temporary file, no shard
+    assert list(Path(writer.folder).iterdir()) == []  # no temporary file, no shard
     monkeypatch.undo()
     writer.write([_reject(f"r{i}") for i in range(5)])  # space back: the same rows are written whole
     assert store.category_state("c").final_reject_ids == {f"r{i}" for i in range(5)}
@@ -89,5 +89,5 @@ async def test_the_flusher_loop_ends_with_the_write_error_and_drain_tries_every_
     with pytest.raises(StoreWriteFailed):
         await flusher.drain()
     assert store.category_state("fine").final_reject_ids == {"c"}  # written despite the other's failure
-    assert list(full.folder.iterdir()) == []
+    assert list(Path(full.folder).iterdir()) == []
     assert full.pending == fine.pending == 0
