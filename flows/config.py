@@ -82,6 +82,11 @@ class EndpointConfig(_Strict):
         "1,000 requests, streaming cost the client 2x the CPU (20-25 s vs 9-12 s) and the controller "
         "needs no per-token signal.",
     )
+    ca_bundle: str | None = Field(
+        default=None,
+        description="PEM file of the CA(s) that signed an https endpoint's certificate (a private CA); "
+        "when set, only these are trusted. Relative paths are relative to the config file.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -99,6 +104,14 @@ class EndpointConfig(_Strict):
             raise ValueError(
                 "must be the NAME of an environment variable (e.g. SGLANG_API_KEY), not the key itself"
             )
+        return value
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _existing_file(cls, value: str | None) -> str | None:
+        # Checked here, not at the first request: a typo must stop the run before it starts.
+        if value is not None and not Path(value).expanduser().is_file():
+            raise ValueError(f"no such file: {value} (a PEM file with the CA certificate(s))")
         return value
 
 
@@ -338,14 +351,16 @@ def explain(error: ValidationError, source: str) -> ConfigError:
 
 
 def _resolve_sources(data: dict[str, Any], base: Path) -> None:
-    """Relative local sources are relative to the config file, so a config works from any cwd."""
-    categories = data.get("categories")
-    for category in categories if isinstance(categories, list) else []:
-        source = category.get("source") if isinstance(category, dict) else None
-        if isinstance(source, str) and not Path(source).is_absolute():
-            candidate = base / source
-            if candidate.exists():
-                category["source"] = str(candidate.resolve())
+    """Relative local paths (category sources, endpoint CA bundles) are relative to the config
+    file, so a config works from any cwd."""
+    for section, key in (("categories", "source"), ("endpoints", "ca_bundle")):
+        entries = data.get(section)
+        for entry in entries if isinstance(entries, list) else []:
+            path = entry.get(key) if isinstance(entry, dict) else None
+            if isinstance(path, str) and not Path(path).is_absolute():
+                candidate = base / path
+                if candidate.exists():
+                    entry[key] = str(candidate.resolve())
 
 
 def _expand_categories(data: dict[str, Any], base: Path | None, source: str) -> None:

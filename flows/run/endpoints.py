@@ -37,6 +37,7 @@ class Target:
     api_key_env: str | None
     stream: bool
     engine: Engine | None
+    ca_bundle: str | None = None
 
 
 def _api_key(env_name: str | None) -> str | None:
@@ -74,6 +75,7 @@ class EndpointPool:
                     _api_key(target.api_key_env),
                     stream=target.stream,
                     read_timeout_s=retry.read_timeout_s,
+                    ca_bundle=target.ca_bundle,
                     retry=policy,
                 )
                 guard = EndpointGuard(target.url, target.engine, patience_s=retry.outage_patience_s)
@@ -96,7 +98,16 @@ class EndpointPool:
                 Target(self.engine.url, server.served_model_name, server.api_key_env, False, self.engine)
             )
         for endpoint in self.config.endpoints:
-            targets.append(Target(endpoint.url, endpoint.model, endpoint.api_key_env, endpoint.stream, None))
+            targets.append(
+                Target(
+                    endpoint.url,
+                    endpoint.model,
+                    endpoint.api_key_env,
+                    endpoint.stream,
+                    engine=None,
+                    ca_bundle=endpoint.ca_bundle,
+                )
+            )
         return targets
 
     async def _resolve_model(self) -> str:
