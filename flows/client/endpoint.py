@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from tenacity import (
 from flows.client.errors import FatalEndpointError, RequestError, TransientRequestError, classify
 from flows.client.responses import Generation, StreamAccumulator, generation_from_completion
 from flows.client.sampling import SamplingParams
+from sglang_launch.probe import tls_context
 
 T = TypeVar("T")
 OnAttemptFailed = Callable[[TransientRequestError], None]
@@ -114,6 +114,7 @@ class EndpointClient:
         self._endpoint = _server_root(base_url)
         self._model = model
         self._api_key = api_key
+        self._ca_bundle = ca_bundle
         self._stream = stream
         self._retry = retry or RetryPolicy()
         self._on_attempt_failed = on_attempt_failed
@@ -128,7 +129,7 @@ class EndpointClient:
             http_client = openai.DefaultAioHttpClient(
                 limits=pool,
                 timeout=timeout,
-                verify=ssl.create_default_context(cafile=ca_bundle),
+                verify=tls_context(ca_bundle),
             )
         # This SDK is typed for httpx2 but converts httpx (legacy) clients, as the tests inject.
         self._openai = openai.AsyncOpenAI(
@@ -151,6 +152,11 @@ class EndpointClient:
     def api_key(self) -> str | None:
         """For the other readers of this server (load signals); never logged or written."""
         return self._api_key
+
+    @property
+    def ca_bundle(self) -> str | None:
+        """The CA file this endpoint's certificate is checked against (None: the system's CAs)."""
+        return self._ca_bundle
 
     @property
     def model(self) -> str | None:

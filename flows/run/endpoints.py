@@ -78,7 +78,9 @@ class EndpointPool:
                     ca_bundle=target.ca_bundle,
                     retry=policy,
                 )
-                guard = EndpointGuard(target.url, target.engine, patience_s=retry.outage_patience_s)
+                guard = EndpointGuard(
+                    target.url, target.engine, patience_s=retry.outage_patience_s, ca_bundle=target.ca_bundle
+                )
                 self.endpoints.append(Endpoint(client, guard))
             self.model = await self._resolve_model()
         except BaseException:

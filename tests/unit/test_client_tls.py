@@ -16,6 +16,7 @@ from aiohttp import web
 
 from flows.client.endpoint import EndpointClient, RetryPolicy
 from flows.client.errors import FatalEndpointError
+from flows.client.guard import EndpointGuard
 from flows.client.sampling import SamplingParams
 from flows.config import ConfigError, parse_config
 
@@ -40,6 +41,9 @@ class Server:
         self.requests += 1
         return web.json_response(ANSWER)
 
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
 
 @pytest.fixture
 def ca() -> trustme.CA:
@@ -51,6 +55,7 @@ async def server(ca: trustme.CA) -> AsyncIterator[Server]:
     state = Server()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", state.chat)
+    app.router.add_get("/health", state.health)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
     runner = web.AppRunner(app)
@@ -74,7 +79,8 @@ async def _ask(server: Server, ca_bundle: str | None) -> str | None:
     retry = RetryPolicy(max_attempts=5, initial_wait_s=0.0)
     client = EndpointClient(server.url, "tls-model", None, stream=False, ca_bundle=ca_bundle, retry=retry)
     try:
-        generation = await client.generate([{"role": "user", "content": "hello"}], None, SamplingParams(max_tokens=8))
+        messages = [{"role": "user", "content": "hello"}]
+        generation = await client.generate(messages, None, SamplingParams(max_tokens=8))
     finally:
         await client.aclose()
     return generation.message["content"]
@@ -100,6 +106,12 @@ async def test_a_wrong_ca_fails_at_once_and_is_not_retried(server: Server, tmp_p
     assert caught.value.attempts == 1
     assert "ca_bundle" in caught.value.reason
     assert server.requests == 0
+
+
+async def test_the_health_check_trusts_the_same_ca(server: Server, ca: trustme.CA, tmp_path: Path) -> None:
+    """The guard that waits for a silent server must not read a private CA as an outage."""
+    assert await EndpointGuard(server.url, ca_bundle=_pem(ca, tmp_path, "ca.pem")).healthy()
+    assert not await EndpointGuard(server.url).healthy()
 
 
 def _config(endpoint: dict[str, object]) -> dict[str, object]:
