@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -39,7 +40,6 @@ from prompts.synthetic import write_synthetic_prompts
 
 LIMIT = 256
 MAX_TOKENS = 128
-SIM_SETTINGS = {"time_scale": 0.001, "stream_interval_s": 0.001, "log_level": "warning"}
 
 
 @dataclass(frozen=True)
@@ -57,33 +57,42 @@ def _cores() -> tuple[int, set[int]]:
     return cores[0], set(cores[1:]) or {cores[0]}
 
 
-def run_child(argv: list[str], client_core: int) -> tuple[float, float]:
-    """Run ``argv`` pinned to ``client_core``; return (wall seconds, CPU seconds) of it and its children."""
+def run_child(argv: list[str], client_core: int, env: dict[str, str]) -> tuple[float, float, str]:
+    """Run ``argv`` pinned to ``client_core``: wall seconds, CPU seconds (user + sys), its stderr."""
     started = time.monotonic()
     proc = subprocess.Popen(
         argv,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         preexec_fn=lambda: os.sched_setaffinity(0, {client_core}),
     )
     assert proc.stderr is not None
-    errors = proc.stderr.read()
+    errors = proc.stderr.read().decode(errors="replace")
     _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"{argv} exited {proc.returncode}:\n{errors.decode(errors='replace')[-3000:]}")
-    return wall, usage.ru_utime + usage.ru_stime
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{argv} exited {os.waitstatus_to_exitcode(status)}:\n{errors[-3000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, errors
 
 
-def run_minimal(urls: list[str], source: Path, client_core: int, out: Path) -> Measure:
+def child_env(cache: Path) -> dict[str, str]:
+    """The children's environment: bytecode cached under ``cache``, as an installed tool runs
+    (a sandbox's PYTHONDONTWRITEBYTECODE=1 would otherwise compile every module at every start)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPYCACHEPREFIX": str(cache)}
+
+
+def run_minimal(urls: list[str], source: Path, client_core: int, env: dict[str, str], out: Path) -> Measure:
     """The minimal aiohttp client in a child process."""
     argv = [sys.executable, "-m", "bench.client_cpu", "--minimal-child", str(source), str(out), *urls]
-    wall, cpu = run_child(argv, client_core)
+    wall, cpu, _ = run_child(argv, client_core, env)
     return Measure(int(out.read_text()), wall, cpu)
 
 
-def run_datagen(urls: list[str], source: Path, client_core: int, out: Path, *, stream: bool) -> Measure:
+def run_datagen(
+    urls: list[str], source: Path, client_core: int, env: dict[str, str], out: Path, *, stream: bool
+) -> Measure:
     """``datagen run --no-prefect`` in a child process, on a fresh output directory."""
     endpoints = "".join(
         f'[[endpoints]]\nurl = "{url}"\nmodel = "sim-model"\nstream = {str(stream).lower()}\n\n'
@@ -97,7 +106,7 @@ def run_datagen(urls: list[str], source: Path, client_core: int, out: Path, *, s
         f'[[categories]]\nname = "bench"\nsource = "{source}"\nformat = "messages"\n'
     )
     argv = [sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"]
-    wall, cpu = run_child(argv, client_core)
+    wall, cpu, _ = run_child(argv, client_core, env)
     summary = json.loads((out / "bench" / "summary.json").read_text())
     return Measure(int(summary["rows"]), wall, cpu)
 
@@ -167,27 +176,31 @@ def _table(results: dict[str, list[Measure]], title: str) -> None:
     Console(width=140).print(table)
 
 
-def _startup(client_core: int) -> None:
-    """Where `datagen run`'s start-up goes: the heaviest imports of ``flows.cli.main``, cumulative."""
+# The packages whose first import a start-up pays for, in the order `datagen run` meets them.
+HEAVY = ("typer", "rich", "pydantic", "openai", "aiohttp", "tenacity", "pyarrow", "pandas", "datasets")
+
+
+def _startup(client_core: int, env: dict[str, str]) -> None:
+    """Where `datagen run`'s start-up goes: CPU of the bare interpreter, of ``import flows.cli.main``
+    with and without bytecode caches, and each heavy package's cumulative import time."""
+    _, bare, _ = run_child([sys.executable, "-c", "pass"], client_core, env)
+    no_caches = {**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": os.devnull}
+    _, uncached, _ = run_child([sys.executable, "-c", "import flows.cli.main"], client_core, no_caches)
     argv = [sys.executable, "-X", "importtime", "-c", "import flows.cli.main"]
-    started = time.monotonic()
-    proc = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {client_core}),
-    )
-    wall = time.monotonic() - started
-    top: list[tuple[int, str]] = []
-    for line in proc.stderr.splitlines():
+    _, cached, report = run_child(argv, client_core, env)
+    cumulative: dict[str, int] = {}
+    for line in report.splitlines():
         fields = line.removeprefix("import time:").split("|")
-        # Top-level imports have one space before the name; nested ones are indented further.
-        if len(fields) == 3 and fields[1].strip().isdigit() and not fields[2].startswith("  "):
-            top.append((int(fields[1]), fields[2].strip()))
-    print(f"import flows.cli.main: {wall:.2f} s wall; top-level imports by cumulative time:")
-    for micros, module in sorted(top, reverse=True)[:12]:
-        print(f"  {micros / 1e6:6.3f} s  {module}")
+        if len(fields) == 3 and fields[1].strip().isdigit():
+            cumulative.setdefault(fields[2].strip(), int(fields[1]))
+    print(
+        f"start-up CPU: python alone {bare:.2f} s; import flows.cli.main {cached:.2f} s with bytecode "
+        f"caches, {uncached:.2f} s without (PYTHONDONTWRITEBYTECODE=1 compiles every module at every start)"
+    )
+    print("first imports, cumulative (-X importtime; each includes what it pulls in first):")
+    for name in HEAVY:
+        if name in cumulative:
+            print(f"  {cumulative[name] / 1e6:6.3f} s  {name}")
 
 
 def main() -> None:
@@ -210,10 +223,19 @@ def main() -> None:
     client_core, sim_cores = _cores()
     counts = [int(n) for n in args.endpoints.split(",")]
     results: dict[str, list[Measure]] = {}
+    numbers = itertools.count()
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "prompts.jsonl"
         write_synthetic_prompts(source, args.prompts, max_words=200)
-        sims = [SimulatorProcess(SimConfig(**SIM_SETTINGS)).start() for _ in range(max(counts))]
+        env = child_env(Path(tmp) / "pycache")
+        # Warm the bytecode cache once, so no measured run pays for compiling.
+        run_child([sys.executable, "-c", "import flows.cli.main, flows.runner, aiohttp"], client_core, env)
+        sims = [
+            SimulatorProcess(
+                SimConfig(time_scale=0.001, stream_interval_s=0.001, log_level="warning")
+            ).start()
+            for _ in range(max(counts))
+        ]
         try:
             for sim in sims:
                 os.sched_setaffinity(sim.pid, sim_cores)
@@ -222,16 +244,18 @@ def main() -> None:
                     urls = [sim.url for sim in sims[:count]]
                     where = f"{count} endpoint{'s' * (count > 1)}"
                     runs: dict[str, Callable[[Path], Measure]] = {
-                        f"minimal aiohttp @ {where}": partial(run_minimal, urls, source, client_core),
-                        f"datagen @ {where}": partial(run_datagen, urls, source, client_core, stream=False),
+                        f"minimal aiohttp @ {where}": partial(run_minimal, urls, source, client_core, env),
+                        f"datagen @ {where}": partial(
+                            run_datagen, urls, source, client_core, env, stream=False
+                        ),
                     }
                     if not args.no_stream:
                         runs[f"datagen stream @ {where}"] = partial(
-                            run_datagen, urls, source, client_core, stream=True
+                            run_datagen, urls, source, client_core, env, stream=True
                         )
                     order = list(runs.items())
                     for name, runner in order if repeat % 2 == 0 else reversed(order):
-                        measure = runner(Path(tmp) / f"{len(results)}-{repeat}-{name.split()[0]}-{count}")
+                        measure = runner(Path(tmp) / f"run-{next(numbers)}")
                         results.setdefault(name, []).append(measure)
                         print(
                             f"{name}: {measure.rows} rows, {measure.wall_s:.2f} s, {measure.cpu_s:.2f} CPU s",
@@ -240,13 +264,13 @@ def main() -> None:
         finally:
             for sim in sims:
                 sim.stop()
-    ordered = {name: results[name] for name in sorted(results, key=lambda n: (n.split(" @ ")[1], n))}
-    _table(
-        ordered,
-        f"{args.prompts:,} prompts, max_tokens {MAX_TOKENS}, limit {LIMIT}, client on core {client_core}",
-    )
-    if args.startup:
-        _startup(client_core)
+        ordered = {name: results[name] for name in sorted(results, key=lambda n: (n.split(" @ ")[1], n))}
+        title = (
+            f"{args.prompts:,} prompts, max_tokens {MAX_TOKENS}, limit {LIMIT}, client on core {client_core}"
+        )
+        _table(ordered, title)
+        if args.startup:
+            _startup(client_core, env)
     print(
         "reproduce: uv run python -m bench.client_cpu "
         f"--prompts {args.prompts} --endpoints {args.endpoints} --repeats {args.repeats}"
