@@ -124,11 +124,16 @@ async def _minimal(source: Path, urls: list[str]) -> int:
             nonlocal answered
             body = {"model": "sim-model", "messages": row["messages"], "max_tokens": MAX_TOKENS}
             url = urls[index % len(urls)]
-            async with (
-                gates[index % len(urls)],
-                session.post(f"{url}/v1/chat/completions", json=body) as reply,
-            ):
-                answer = await reply.json()
+            async with gates[index % len(urls)]:
+                for attempt in range(3):
+                    # The one retry any client needs: a kept-alive connection the server closed.
+                    try:
+                        async with session.post(f"{url}/v1/chat/completions", json=body) as reply:
+                            answer = await reply.json()
+                        break
+                    except aiohttp.ServerDisconnectedError:
+                        if attempt == 2:
+                            raise
             answered += bool(answer["choices"][0]["message"]["content"])
 
         with source.open(encoding="utf-8") as lines:
