@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 
 PERMANENT_STATUSES = frozenset({400, 413, 422})
@@ -101,9 +102,11 @@ def _classify_foreign(exc: BaseException) -> RequestError:
     if isinstance(exc, openai.APIError):
         # An error event inside a 200 stream (SGLang/vLLM queue full): the status is in the body.
         return error_for_status(_body_code(exc.body), _body_message(exc.body) or exc.message)
-    if isinstance(exc, httpx.HTTPStatusError):
+    # Both httpx generations: the SDK and its aiohttp transport raise httpx2's (a stream read that
+    # times out surfaces unwrapped), injected test clients raise httpx's.
+    if isinstance(exc, httpx.HTTPStatusError | httpx2.HTTPStatusError):
         return error_for_status(exc.response.status_code, str(exc))
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.TimeoutException | httpx2.TimeoutException):
         return TransientRequestError(f"timed out: {_describe(exc)}")
     return TransientRequestError(_describe(exc))
 
