@@ -3,11 +3,14 @@
 The launcher waits on ``wait_healthy`` for a server it started; a run's endpoint guard asks
 ``is_healthy`` when requests fail; the controller reads the KV capacity through ``server_info``.
 SGLang answers ``/health`` 503 while it starts; vLLM and the simulator answer it too.
+Every reader of an endpoint trusts the same CAs as its requests (``tls_context``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -17,16 +20,29 @@ import httpx
 Outcome = Literal["ready", "failed", "timeout"]
 
 
+@functools.cache
+def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
+    """The SSL context for an endpoint: only ``ca_bundle``'s CAs when given, else the system's.
+
+    One per bundle per process: loading a CA store costs about 0.1 s of CPU, which every client
+    built with ``verify=True`` would otherwise pay again at start-up.
+    """
+    return ssl.create_default_context(cafile=ca_bundle)
+
+
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def is_healthy(url: str, *, timeout_s: float = 5.0, client: httpx.Client | None = None) -> bool:
+def is_healthy(
+    url: str, *, timeout_s: float = 5.0, client: httpx.Client | None = None, ca_bundle: str | None = None
+) -> bool:
     """``GET /health`` answered 200; any connection error or other status is "not healthy"."""
     try:
         if client is not None:
             return client.get(f"{url}/health").status_code == 200
-        return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+        response = httpx.get(f"{url}/health", timeout=timeout_s, verify=tls_context(ca_bundle))
+        return response.status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -44,10 +60,13 @@ def wait_healthy(url: str, alive: Callable[[], bool], *, timeout_s: float, poll_
     return "failed"
 
 
-def server_info(url: str, api_key: str | None) -> dict[str, Any] | None:
+def server_info(url: str, api_key: str | None, ca_bundle: str | None = None) -> dict[str, Any] | None:
     """SGLang's ``/get_server_info`` (server args, ``max_total_num_tokens``...); None where not served."""
     with contextlib.suppress(httpx.HTTPError, ValueError):
-        info = httpx.get(f"{url}/get_server_info", headers=auth_headers(api_key), timeout=10.0).json()
+        headers = auth_headers(api_key)
+        info = httpx.get(
+            f"{url}/get_server_info", headers=headers, timeout=10.0, verify=tls_context(ca_bundle)
+        ).json()
         if isinstance(info, dict):
             return info
     return None

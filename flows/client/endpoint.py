@@ -1,8 +1,16 @@
 """The one shared client per endpoint: send a chat request, retry what is worth retrying.
 
-One ``openai.AsyncOpenAI`` (with the SDK's own retries off) over one httpx connection pool sized
+One ``openai.AsyncOpenAI`` (with the SDK's own retries off) over one aiohttp connection pool sized
 for thousands of in-flight requests: a run keeps the server's KV cache full for hours, and a
 client per request (as SpecForge's script does) pays a TCP/TLS setup and a pool per prompt.
+
+The client's CPU per request is what bounds one orchestrator core driving a fleet
+(``bench/client_cpu.py``), so the hot path takes the SDK's cheap roads: the aiohttp transport
+(httpx's pool bookkeeping grew with the number of pooled connections and took about a third of the
+client's time), and ``post`` with ``cast_to=object``, which sends our own JSON body without the
+SDK's per-request parameter transformation and hands back the parsed JSON without building models
+(``flows.client.responses`` reads dicts and SDK objects alike). The SDK still does what we keep it
+for: headers and auth, the status-code errors, and SSE decoding with in-stream error events.
 Retries live here, with tenacity, because only here is the failure known precisely enough
 (``flows.client.errors``) to tell "try again" from "reject the prompt" from "stop the run".
 
@@ -21,8 +29,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import httpx
+import httpx2
 import openai
+from openai import AsyncStream
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -35,6 +46,7 @@ from tenacity import (
 from flows.client.errors import FatalEndpointError, RequestError, TransientRequestError, classify
 from flows.client.responses import Generation, StreamAccumulator, generation_from_completion
 from flows.client.sampling import SamplingParams
+from sglang_launch.probe import tls_context
 
 T = TypeVar("T")
 OnAttemptFailed = Callable[[TransientRequestError], None]
@@ -43,7 +55,11 @@ OnAttemptFailed = Callable[[TransientRequestError], None]
 # hand a real OpenAI key to a self-hosted server.
 _NO_KEY = "EMPTY"
 # The exception families a request can raise; anything else is a bug and must surface as one.
-_REQUEST_FAILURES = (openai.OpenAIError, httpx.HTTPError, RequestError)
+# Both httpx generations: the SDK runs on httpx2 and converts injected (legacy) httpx clients;
+# aiohttp's own errors can escape the transport's mapping while a body is read.
+_REQUEST_FAILURES = (openai.OpenAIError, httpx.HTTPError, httpx2.HTTPError, aiohttp.ClientError, RequestError)
+# Chat requests carry the bearer key (the SDK's resource methods ask for it the same way).
+_CHAT_OPTIONS: Any = {"security": {"bearer_auth": True}}
 
 
 @dataclass(frozen=True)
@@ -90,24 +106,32 @@ class EndpointClient:
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 3600.0,
         max_connections: int = 4096,
+        ca_bundle: str | None = None,
         retry: RetryPolicy | None = None,
-        http_client: httpx.AsyncClient | None = None,
+        http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
         on_attempt_failed: OnAttemptFailed | None = None,
     ) -> None:
         self._endpoint = _server_root(base_url)
         self._model = model
         self._api_key = api_key
+        self._ca_bundle = ca_bundle
         self._stream = stream
         self._retry = retry or RetryPolicy()
         self._on_attempt_failed = on_attempt_failed
         self._model_lock = asyncio.Lock()
         # Write and pool waits get the read allowance: a pool wait only means the controller let
         # more requests in flight than connections, and that must queue, not fail prompts.
-        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        timeout = httpx2.Timeout(read_timeout_s, connect=connect_timeout_s)
         if http_client is None:
-            limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-            http_client = httpx.AsyncClient(limits=limits, timeout=timeout)
-        # This SDK is typed for httpx2 but converts httpx (legacy) clients and timeouts itself.
+            # ``max_connections`` bounds the pool (the limiter bounds what is in flight); the SSL
+            # context trusts ``ca_bundle`` alone when one is given, else the system's CAs.
+            pool = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+            http_client = openai.DefaultAioHttpClient(
+                limits=pool,
+                timeout=timeout,
+                verify=tls_context(ca_bundle),
+            )
+        # This SDK is typed for httpx2 but converts httpx (legacy) clients, as the tests inject.
         self._openai = openai.AsyncOpenAI(
             base_url=f"{base_url.rstrip('/').removesuffix('/v1')}/v1",
             api_key=api_key or _NO_KEY,
@@ -128,6 +152,11 @@ class EndpointClient:
     def api_key(self) -> str | None:
         """For the other readers of this server (load signals); never logged or written."""
         return self._api_key
+
+    @property
+    def ca_bundle(self) -> str | None:
+        """The CA file this endpoint's certificate is checked against (None: the system's CAs)."""
+        return self._ca_bundle
 
     @property
     def model(self) -> str | None:
@@ -171,7 +200,9 @@ class EndpointClient:
     async def _generate_once(self, request: dict[str, Any], attempt: int) -> Generation:
         start = time.monotonic()
         if not self._stream:
-            completion = await self._openai.chat.completions.create(**request)
+            completion = await self._openai.post(
+                "/chat/completions", cast_to=object, body=request, options=_CHAT_OPTIONS
+            )
             return generation_from_completion(
                 completion,
                 latency_s=time.monotonic() - start,
@@ -180,8 +211,13 @@ class EndpointClient:
             )
         accumulator = StreamAccumulator()
         ttft_s: float | None = None
-        stream = await self._openai.chat.completions.create(
-            **request, stream=True, stream_options={"include_usage": True}
+        stream = await self._openai.post(
+            "/chat/completions",
+            cast_to=object,
+            body={**request, "stream": True, "stream_options": {"include_usage": True}},
+            options=_CHAT_OPTIONS,
+            stream=True,
+            stream_cls=AsyncStream[object],
         )
         async with stream:  # closes the connection even if this task is cancelled mid-stream
             async for chunk in stream:
@@ -219,13 +255,15 @@ class EndpointClient:
 def _request_kwargs(
     model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: SamplingParams
 ) -> dict[str, Any]:
+    """The JSON body; the sampling extras (``chat_template_kwargs``, ...) go at its top level, as
+    SGLang reads them, and win over the standard fields as the SDK's ``extra_body`` did."""
     request: dict[str, Any] = {
         "model": model,
         "messages": messages,
         "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "extra_body": sampling.extra_fields(),
+        **sampling.extra_fields(),
     }
     if tools:
         request["tools"] = tools

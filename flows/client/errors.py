@@ -9,17 +9,20 @@ second later. So every failure becomes exactly one of:
   "The request queue is full.", 429, cut streams, in-stream error events);
 - ``PermanentRequestError``: this prompt can never succeed, reject it (400/413/422);
 - ``FatalEndpointError``: the endpoint is misconfigured, stop the run and keep the prompts
-  (401/403 bad key, 404 no such model or route, and other 4xx).
+  (401/403 bad key, 404 no such model or route, and other 4xx, and a server certificate that does
+  not verify: no retry makes an untrusted certificate trusted).
 
 ``reason`` is written to the rejects table and to logs: short, human, and never the API key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ssl
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 
 PERMANENT_STATUSES = frozenset({400, 413, 422})
@@ -80,6 +83,14 @@ def classify(exc: BaseException, *, secret: str | None = None) -> RequestError:
 
 
 def _classify_foreign(exc: BaseException) -> RequestError:
+    # The innermost one is the socket's own, with OpenSSL's words (aiohttp's wrapper subclasses it).
+    certificates = [e for e in _chain(exc) if isinstance(e, ssl.SSLCertVerificationError)]
+    if certificates:
+        detail = getattr(certificates[-1], "verify_message", None) or str(certificates[-1])
+        return FatalEndpointError(
+            f"TLS certificate verification failed ({detail}): "
+            "set the endpoint's ca_bundle to the CA that signed the server's certificate"
+        )
     if isinstance(exc, openai.APIStatusError):
         return error_for_status(exc.status_code, _body_message(exc.body) or exc.message)
     if isinstance(exc, openai.APITimeoutError):
@@ -91,11 +102,24 @@ def _classify_foreign(exc: BaseException) -> RequestError:
     if isinstance(exc, openai.APIError):
         # An error event inside a 200 stream (SGLang/vLLM queue full): the status is in the body.
         return error_for_status(_body_code(exc.body), _body_message(exc.body) or exc.message)
-    if isinstance(exc, httpx.HTTPStatusError):
+    # Both httpx generations: the SDK and its aiohttp transport raise httpx2's (a stream read that
+    # times out surfaces unwrapped), injected test clients raise httpx's.
+    if isinstance(exc, httpx.HTTPStatusError | httpx2.HTTPStatusError):
         return error_for_status(exc.response.status_code, str(exc))
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.TimeoutException | httpx2.TimeoutException):
         return TransientRequestError(f"timed out: {_describe(exc)}")
     return TransientRequestError(_describe(exc))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions behind it: the SDK wraps the transport's error, which wraps the
+    socket's (``ssl``'s verification error under aiohttp's under httpx's under openai's)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 def _body_message(body: object) -> str | None:

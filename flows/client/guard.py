@@ -39,8 +39,10 @@ class EndpointGuard:
         patience_s: float = 1800.0,
         poll_s: float = 2.0,
         fresh_s: float = 1.0,
+        ca_bundle: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.ca_bundle = ca_bundle
         self.engine = engine
         self.patience_s = patience_s
         self.poll_s = poll_s
@@ -58,7 +60,7 @@ class EndpointGuard:
         return self.up
 
     async def healthy(self) -> bool:
-        return await asyncio.to_thread(is_healthy, self.url)
+        return await asyncio.to_thread(is_healthy, self.url, ca_bundle=self.ca_bundle)
 
     async def recover(self, patience_s: float | None = None) -> bool:
         """True once the endpoint serves again; False after ``patience_s`` (default: the guard's)."""

@@ -42,7 +42,7 @@ class EndpointController:
         self.limiter = limiter
         self.timeline = timeline
         self.poll_s = poll_s
-        self.reader = SignalReader(client.endpoint, client.api_key)
+        self.reader = SignalReader(client.endpoint, client.api_key, ca_bundle=client.ca_bundle)
         self.vram = vram
         self.capacity: int | None = None
         self.last: Decision | None = None
@@ -55,7 +55,7 @@ class EndpointController:
 
     async def run(self) -> None:
         client = self.lane.endpoint.client
-        info = await asyncio.to_thread(server_info, client.endpoint, client.api_key)
+        info = await asyncio.to_thread(server_info, client.endpoint, client.api_key, client.ca_bundle)
         self.capacity = kv_capacity(info)
         started = time.monotonic()
         last_at, last_completed = started, self.lane.completed

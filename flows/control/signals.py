@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from sglang_launch.probe import tls_context
+
 log = logging.getLogger(__name__)
 
 
@@ -152,10 +154,12 @@ class SignalReader:
     the client's own counts, and the endpoint guard deals with the outage.
     """
 
-    def __init__(self, url: str, api_key: str | None = None, *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, api_key: str | None = None, *, timeout_s: float = 2.0, ca_bundle: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers)
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, verify=tls_context(ca_bundle))
         self._source: str | None = None
         self._warned = False
         self.read_seconds = 0.0

@@ -44,6 +44,7 @@ class Target:
     stream: bool
     engine: Engine | None
     api_key_secret: str | None = None
+    ca_bundle: str | None = None
 
 
 async def _api_key(target: Target, secrets: SecretLoader | None) -> str | None:
@@ -101,9 +102,12 @@ class EndpointPool:
                     await _api_key(target, self.secrets),
                     stream=target.stream,
                     read_timeout_s=retry.read_timeout_s,
+                    ca_bundle=target.ca_bundle,
                     retry=policy,
                 )
-                guard = EndpointGuard(target.url, target.engine, patience_s=retry.outage_patience_s)
+                guard = EndpointGuard(
+                    target.url, target.engine, patience_s=retry.outage_patience_s, ca_bundle=target.ca_bundle
+                )
                 self.endpoints.append(Endpoint(client, guard))
             self.model = await self._resolve_model()
         except BaseException:
@@ -129,8 +133,9 @@ class EndpointPool:
                     endpoint.model,
                     endpoint.api_key_env,
                     endpoint.stream,
-                    None,
-                    endpoint.api_key_secret,
+                    engine=None,
+                    api_key_secret=endpoint.api_key_secret,
+                    ca_bundle=endpoint.ca_bundle,
                 )
             )
         return targets

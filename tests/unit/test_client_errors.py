@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import httpx
+import httpx2
 import openai
 import pytest
 
@@ -112,6 +114,9 @@ def test_transport_failures_are_transient() -> None:
     )
     assert classify(openai.APITimeoutError(request=REQUEST)).reason == "request timed out"
     assert classify(httpx.ReadTimeout("slow")).reason == "timed out: ReadTimeout: slow"
+    # what the SDK's aiohttp transport raises while a stream is read
+    assert classify(httpx2.ReadTimeout("slow")).reason == "timed out: ReadTimeout: slow"
+    assert classify(aiohttp.ServerDisconnectedError()).reason.startswith("ServerDisconnectedError")
     assert classify(httpx.RemoteProtocolError("")).reason == "RemoteProtocolError"
     assert all(
         type(classify(exc)) is TransientRequestError
