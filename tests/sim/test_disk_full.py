@@ -24,7 +24,7 @@ from flows.runner import execute
 from flows.store.run_store import StoreWriteFailed
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
-FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+FAST = {"time_scale": 0.1, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 PROMPTS = 1000
 ROOM_BYTES = 200_000  # left free on the 2 MB disk: a few shards fit, then the disk is full
 

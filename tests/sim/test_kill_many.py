@@ -22,7 +22,7 @@ from sglang_launch.simulator import SimConfig, SimulatorProcess
 KILLS = 20
 PROMPTS = 2500
 WINDOW_S = 3.0
-SIM = {"time_scale": 0.05, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+SIM = {"time_scale": 0.5, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 
 
 @pytest.mark.slow

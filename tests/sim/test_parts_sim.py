@@ -22,7 +22,7 @@ from flows.store.parts import Part, part_index, part_of_file
 from flows.store.run_store import RunStore
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
-FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+FAST = {"time_scale": 0.5, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 PROMPTS = 300
 
 
