@@ -22,7 +22,7 @@ from sglang_launch.simulator import SimConfig, SimulatorProcess
 
 pytestmark = pytest.mark.prefect
 
-FAST = {"time_scale": 0.05, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
+FAST = {"time_scale": 0.3, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 
 
 def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
