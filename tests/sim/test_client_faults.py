@@ -81,7 +81,8 @@ async def test_a_slow_first_token_is_waited_for_and_measured(tmp_path: Path) -> 
 
 async def test_connection_refused_mid_run_is_waited_out(tmp_path: Path) -> None:
     """The server process stops (connections refused) and comes back 3 s later on the same port."""
-    with SimulatorProcess(SimConfig(**FAST)) as sim:
+    # slow enough that the kill lands mid-run: at FAST's speed the client can finish 400 rows first
+    with SimulatorProcess(SimConfig(**{**FAST, "time_scale": 0.3})) as sim:
         config = _config(tmp_path, sim.url, "refused", 400, "outage_patience_s = 60")
         run = asyncio.create_task(execute(load_config(config), use_prefect=False))
         while rows_on_disk(tmp_path / "refused") < 100:
