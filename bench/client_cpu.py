@@ -9,7 +9,8 @@ each child is read from ``os.wait4``'s rusage. Three clients send the same promp
 ``limit`` in flight per endpoint):
 
 - ``minimal``: one aiohttp session posting the requests and parsing the JSON answers; no
-  conversion, no store: the floor any client pays for HTTP and JSON;
+  conversion, no store: the floor any client pays for HTTP and JSON; ``minimal stream`` the same
+  with ``stream = true``, parsing every SSE chunk (what any client pays per streamed token);
 - ``datagen``: ``datagen run --no-prefect`` (prompt stream -> request -> row -> parquet shard),
   non-streaming, and the same with ``stream = true``.
 
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from prompts.synthetic import write_synthetic_prompts
 
@@ -83,9 +85,12 @@ def child_env(cache: Path) -> dict[str, str]:
     return {**env, "PYTHONPYCACHEPREFIX": str(cache)}
 
 
-def run_minimal(urls: list[str], source: Path, client_core: int, env: dict[str, str], out: Path) -> Measure:
+def run_minimal(
+    urls: list[str], source: Path, client_core: int, env: dict[str, str], out: Path, *, stream: bool
+) -> Measure:
     """The minimal aiohttp client in a child process."""
-    argv = [sys.executable, "-m", "bench.client_cpu", "--minimal-child", str(source), str(out), *urls]
+    mode = "stream" if stream else "whole"
+    argv = [sys.executable, "-m", "bench.client_cpu", "--minimal-child", mode, str(source), str(out), *urls]
     wall, cpu, _ = run_child(argv, client_core, env)
     return Measure(int(out.read_text()), wall, cpu)
 
@@ -111,8 +116,9 @@ def run_datagen(
     return Measure(int(summary["rows"]), wall, cpu)
 
 
-async def _minimal(source: Path, urls: list[str]) -> int:
-    """Post every prompt of ``source``, ``LIMIT`` in flight per endpoint, round robin; count the answers."""
+async def _minimal(source: Path, urls: list[str], stream: bool) -> int:
+    """Post every prompt of ``source``, ``LIMIT`` in flight per endpoint, round robin; count the
+    answers (streamed: every ``data:`` line parsed, the content pieces joined)."""
     import aiohttp  # here: the parent process never needs it
 
     gates = [asyncio.Semaphore(LIMIT) for _ in urls]
@@ -122,31 +128,55 @@ async def _minimal(source: Path, urls: list[str]) -> int:
 
         async def one(index: int, row: dict[str, object]) -> None:
             nonlocal answered
-            body = {"model": "sim-model", "messages": row["messages"], "max_tokens": MAX_TOKENS}
+            body = {
+                "model": "sim-model",
+                "messages": row["messages"],
+                "max_tokens": MAX_TOKENS,
+                "stream": stream,
+            }
             url = urls[index % len(urls)]
             async with gates[index % len(urls)]:
                 for attempt in range(3):
                     # The one retry any client needs: a kept-alive connection the server closed.
                     try:
                         async with session.post(f"{url}/v1/chat/completions", json=body) as reply:
-                            answer = await reply.json()
+                            text = await (_streamed(reply) if stream else _whole(reply))
                         break
                     except aiohttp.ServerDisconnectedError:
                         if attempt == 2:
                             raise
-            answered += bool(answer["choices"][0]["message"]["content"])
+            answered += bool(text)
 
         with source.open(encoding="utf-8") as lines:
             await asyncio.gather(*(one(i, json.loads(line)) for i, line in enumerate(lines)))
     return answered
 
 
+async def _whole(reply: Any) -> str:
+    answer = await reply.json()
+    return str(answer["choices"][0]["message"]["content"])
+
+
+async def _streamed(reply: Any) -> str:
+    pieces = []
+    async for line in reply.content:
+        if line.startswith(b"data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                pieces.append(choice["delta"].get("content") or "")
+    return "".join(pieces)
+
+
 def _table(results: dict[str, list[Measure]], title: str) -> None:
+    """The medians, each client's CPU per row against the minimal client's (same endpoints, same
+    mode), and the issue's three goals, measured in this invocation, met or not."""
     from rich.console import Console
     from rich.table import Table
 
     def median(name: str, key: str) -> float:
         return statistics.median(getattr(m, key) for m in results[name])
+
+    def per_row(name: str) -> float:
+        return median(name, "cpu_s") / median(name, "rows")
 
     table = Table(title=title)
     for column in (
@@ -160,14 +190,10 @@ def _table(results: dict[str, list[Measure]], title: str) -> None:
         "× minimal CPU",
     ):
         table.add_column(column, justify="left" if column == "client" else "right")
-    floors = {
-        name.split(" @ ")[1]: median(name, "cpu_s") / median(name, "rows")
-        for name in results
-        if "minimal" in name
-    }
     for name in results:
+        client, where = name.split(" @ ")
         rows, wall, cpu = median(name, "rows"), median(name, "wall_s"), median(name, "cpu_s")
-        floor = floors[name.split(" @ ")[1]]
+        floor = f"minimal aiohttp{' stream' * client.endswith('stream')} @ {where}"
         table.add_row(
             name,
             f"{rows:,.0f}",
@@ -176,9 +202,19 @@ def _table(results: dict[str, list[Measure]], title: str) -> None:
             f"{rows / wall:,.0f}",
             f"{rows / cpu:,.0f}",
             f"{1000 * cpu / rows:.2f}",
-            f"{cpu / rows / floor:.2f}x",
+            f"{per_row(name) / per_row(floor):.2f}x",
         )
     Console(width=140).print(table)
+    for where in sorted({name.split(" @ ")[1] for name in results}):
+        whole, minimal = f"datagen @ {where}", f"minimal aiohttp @ {where}"
+        goals = [
+            f"{1 / per_row(whole):,.0f} rows per CPU-second (goal >= 1,000)",
+            f"{per_row(whole) / per_row(minimal):.2f}x the minimal client's CPU per row (goal <= 3x)",
+        ]
+        if f"datagen stream @ {where}" in results:
+            ratio = per_row(f"datagen stream @ {where}") / per_row(whole)
+            goals.append(f"streaming {ratio:.2f}x non-streaming (goal <= 2x)")
+        print(f"datagen @ {where}: " + "; ".join(goals))
 
 
 # The packages whose first import a start-up pays for, in the order `datagen run` meets them.
@@ -220,8 +256,8 @@ def main() -> None:
     parser.add_argument("--minimal-child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.minimal_child:
-        source, result, *urls = args.minimal_child
-        Path(result).write_text(str(asyncio.run(_minimal(Path(source), urls))))
+        mode, source, result, *urls = args.minimal_child
+        Path(result).write_text(str(asyncio.run(_minimal(Path(source), urls, mode == "stream"))))
         return
     from sglang_launch.simulator import SimConfig, SimulatorProcess
 
@@ -249,12 +285,17 @@ def main() -> None:
                     urls = [sim.url for sim in sims[:count]]
                     where = f"{count} endpoint{'s' * (count > 1)}"
                     runs: dict[str, Callable[[Path], Measure]] = {
-                        f"minimal aiohttp @ {where}": partial(run_minimal, urls, source, client_core, env),
+                        f"minimal aiohttp @ {where}": partial(
+                            run_minimal, urls, source, client_core, env, stream=False
+                        ),
                         f"datagen @ {where}": partial(
                             run_datagen, urls, source, client_core, env, stream=False
                         ),
                     }
                     if not args.no_stream:
+                        runs[f"minimal aiohttp stream @ {where}"] = partial(
+                            run_minimal, urls, source, client_core, env, stream=True
+                        )
                         runs[f"datagen stream @ {where}"] = partial(
                             run_datagen, urls, source, client_core, env, stream=True
                         )

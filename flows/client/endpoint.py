@@ -1,16 +1,18 @@
 """The one shared client per endpoint: send a chat request, retry what is worth retrying.
 
-One ``openai.AsyncOpenAI`` (with the SDK's own retries off) over one aiohttp connection pool sized
-for thousands of in-flight requests: a run keeps the server's KV cache full for hours, and a
-client per request (as SpecForge's script does) pays a TCP/TLS setup and a pool per prompt.
+One aiohttp connection pool per endpoint, sized for thousands of in-flight requests: a run keeps
+the server's KV cache full for hours, and a client per request (as SpecForge's script does) pays
+a TCP/TLS setup and a pool per prompt.
 
-The client's CPU per request is what bounds one orchestrator core driving a fleet
-(``bench/client_cpu.py``), so the hot path takes the SDK's cheap roads: the aiohttp transport
-(httpx's pool bookkeeping grew with the number of pooled connections and took about a third of the
-client's time), and ``post`` with ``cast_to=object``, which sends our own JSON body without the
-SDK's per-request parameter transformation and hands back the parsed JSON without building models
-(``flows.client.responses`` reads dicts and SDK objects alike). The SDK still does what we keep it
-for: headers and auth, the status-code errors, and SSE decoding with in-stream error events.
+The client's CPU per request bounds how many servers one orchestrator core keeps busy
+(``bench/client_cpu.py``), so the chat request, the one call made per prompt, is posted on aiohttp
+directly: our JSON body out, the JSON (or the SSE chunks) back as plain dicts. Measured against the
+simulator made instant, the OpenAI SDK's request layer on this path (its httpx2 request objects,
+URL and header handling, over its aiohttp transport) cost 0.9-1.4 ms of CPU a request, this post
+0.3 ms: the SDK's layer alone was about 60 % of a whole run's CPU. The SDK is still the client for
+everything else (``/v1/models``, whose errors ``flows.client.errors`` reads), and its SSE decoder
+parses streams; what the SDK did for the chat call we do here: the bearer header, the status code
+and the server's error body (``error_for_reply``), and in-stream error events.
 Retries live here, with tenacity, because only here is the failure known precisely enough
 (``flows.client.errors``) to tell "try again" from "reject the prompt" from "stop the run".
 
@@ -23,17 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-import httpx
 import httpx2
 import openai
-from openai import AsyncStream
+from openai._streaming import SSEDecoder
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -43,7 +45,14 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from flows.client.errors import FatalEndpointError, RequestError, TransientRequestError, classify
+from flows.client.errors import (
+    FatalEndpointError,
+    RequestError,
+    TransientRequestError,
+    classify,
+    error_for_event,
+    error_for_reply,
+)
 from flows.client.responses import Generation, StreamAccumulator, generation_from_completion
 from flows.client.sampling import SamplingParams
 from sglang_launch.probe import tls_context
@@ -54,12 +63,11 @@ OnAttemptFailed = Callable[[TransientRequestError], None]
 # Sent when the server needs no key: without it the SDK would fall back to $OPENAI_API_KEY and
 # hand a real OpenAI key to a self-hosted server.
 _NO_KEY = "EMPTY"
-# The exception families a request can raise; anything else is a bug and must surface as one.
-# Both httpx generations: the SDK runs on httpx2 and converts injected (legacy) httpx clients;
-# aiohttp's own errors can escape the transport's mapping while a body is read.
-_REQUEST_FAILURES = (openai.OpenAIError, httpx.HTTPError, httpx2.HTTPError, aiohttp.ClientError, RequestError)
-# Chat requests carry the bearer key (the SDK's resource methods ask for it the same way).
-_CHAT_OPTIONS: Any = {"security": {"bearer_auth": True}}
+# The exception families a request can raise; anything else is a bug and must surface as one:
+# the SDK's (model listing), aiohttp's and its timeouts (the chat post), ours.
+_REQUEST_FAILURES = (openai.OpenAIError, aiohttp.ClientError, TimeoutError, RequestError)
+# The SDK's pool serves only the model listing; the chat pool is ours.
+_SDK_CONNECTIONS = 4
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,6 @@ class EndpointClient:
         max_connections: int = 4096,
         ca_bundle: str | None = None,
         retry: RetryPolicy | None = None,
-        http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
         on_attempt_failed: OnAttemptFailed | None = None,
     ) -> None:
         self._endpoint = _server_root(base_url)
@@ -119,25 +126,31 @@ class EndpointClient:
         self._retry = retry or RetryPolicy()
         self._on_attempt_failed = on_attempt_failed
         self._model_lock = asyncio.Lock()
-        # Write and pool waits get the read allowance: a pool wait only means the controller let
-        # more requests in flight than connections, and that must queue, not fail prompts.
+        api_base = f"{base_url.rstrip('/').removesuffix('/v1')}/v1"
+        self._chat_url = f"{api_base}/chat/completions"
+        self._chat_headers = {
+            "Authorization": f"Bearer {api_key or _NO_KEY}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if stream else "application/json",
+        }
+        # A pool wait only means the controller let more requests in flight than connections:
+        # that must queue, not fail prompts, so only connecting and each read are timed.
+        self._chat_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        )
+        self._max_connections = max_connections
+        self._chat_session: aiohttp.ClientSession | None = None
         timeout = httpx2.Timeout(read_timeout_s, connect=connect_timeout_s)
-        if http_client is None:
-            # ``max_connections`` bounds the pool (the limiter bounds what is in flight); the SSL
-            # context trusts ``ca_bundle`` alone when one is given, else the system's CAs.
-            pool = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-            http_client = openai.DefaultAioHttpClient(
-                limits=pool,
-                timeout=timeout,
-                verify=tls_context(ca_bundle),
-            )
-        # This SDK is typed for httpx2 but converts httpx (legacy) clients, as the tests inject.
         self._openai = openai.AsyncOpenAI(
-            base_url=f"{base_url.rstrip('/').removesuffix('/v1')}/v1",
+            base_url=api_base,
             api_key=api_key or _NO_KEY,
             max_retries=0,
-            timeout=cast(Any, timeout),
-            http_client=cast(Any, http_client),
+            timeout=timeout,
+            http_client=openai.DefaultAioHttpClient(
+                limits=httpx2.Limits(max_connections=_SDK_CONNECTIONS),
+                timeout=timeout,
+                verify=tls_context(ca_bundle),
+            ),
         )
 
     def __repr__(self) -> str:
@@ -179,10 +192,15 @@ class EndpointClient:
         """
         model = await self._resolved_model()
         request = _request_kwargs(model, messages, tools, sampling)
-        return await self._with_retries(lambda attempt: self._generate_once(request, attempt))
+        if self._stream:
+            request = {**request, "stream": True, "stream_options": {"include_usage": True}}
+        body = json.dumps(request, ensure_ascii=False).encode()
+        return await self._with_retries(lambda attempt: self._generate_once(body, model, attempt))
 
     async def aclose(self) -> None:
-        """Close the connection pool (also an injected one)."""
+        """Close both connection pools."""
+        if self._chat_session is not None:
+            await self._chat_session.close()
         await self._openai.close()
 
     async def _resolved_model(self) -> str:
@@ -197,37 +215,42 @@ class EndpointClient:
             raise FatalEndpointError("the endpoint serves no model (GET /v1/models is empty)")
         return page.data[0].id
 
-    async def _generate_once(self, request: dict[str, Any], attempt: int) -> Generation:
+    def _session(self) -> aiohttp.ClientSession:
+        """The chat pool, made on first use (an aiohttp session belongs to the running loop)."""
+        if self._chat_session is None:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=tls_context(self._ca_bundle))
+            self._chat_session = aiohttp.ClientSession(connector=connector, timeout=self._chat_timeout)
+        return self._chat_session
+
+    async def _generate_once(self, body: bytes, model: str, attempt: int) -> Generation:
         start = time.monotonic()
-        if not self._stream:
-            completion = await self._openai.post(
-                "/chat/completions", cast_to=object, body=request, options=_CHAT_OPTIONS
-            )
-            return generation_from_completion(
-                completion,
-                latency_s=time.monotonic() - start,
-                attempts=attempt,
-                default_model=request["model"],
-            )
-        accumulator = StreamAccumulator()
-        ttft_s: float | None = None
-        stream = await self._openai.post(
-            "/chat/completions",
-            cast_to=object,
-            body={**request, "stream": True, "stream_options": {"include_usage": True}},
-            options=_CHAT_OPTIONS,
-            stream=True,
-            stream_cls=AsyncStream[object],
+        post = self._session().post(
+            self._chat_url, data=body, headers=self._chat_headers, allow_redirects=False
         )
-        async with stream:  # closes the connection even if this task is cancelled mid-stream
-            async for chunk in stream:
+        async with post as reply:  # closes the connection even if this task is cancelled mid-stream
+            if reply.status >= 300:
+                raise error_for_reply(reply.status, await reply.read())
+            if not self._stream:
+                return generation_from_completion(
+                    _json(await reply.read()),
+                    latency_s=time.monotonic() - start,
+                    attempts=attempt,
+                    default_model=model,
+                )
+            accumulator = StreamAccumulator()
+            ttft_s: float | None = None
+            # Read to the end of the body, past "[DONE]" (a body left unread closes the connection
+            # instead of returning it to the pool); events without data are keep-alives.
+            async for event in SSEDecoder().aiter_bytes(reply.content.iter_any()):
+                if not event.data or event.data.startswith("[DONE]"):
+                    continue
+                chunk = _json(event.data)
+                if isinstance(chunk, Mapping) and chunk.get("error"):
+                    raise error_for_event(chunk["error"])
                 if accumulator.feed(chunk) and ttft_s is None:
                     ttft_s = time.monotonic() - start
         return accumulator.result(
-            latency_s=time.monotonic() - start,
-            ttft_s=ttft_s,
-            attempts=attempt,
-            default_model=request["model"],
+            latency_s=time.monotonic() - start, ttft_s=ttft_s, attempts=attempt, default_model=model
         )
 
     async def _with_retries(self, operation: Callable[[int], Awaitable[T]]) -> T:
@@ -250,6 +273,14 @@ class EndpointClient:
         if isinstance(error, TransientRequestError) and self._on_attempt_failed is not None:
             self._on_attempt_failed(error)
         raise error
+
+
+def _json(data: bytes | str) -> Any:
+    """A 2xx body or stream chunk that is not JSON is a broken answer, worth another try."""
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise TransientRequestError(f"malformed response: {exc}") from None
 
 
 def _request_kwargs(

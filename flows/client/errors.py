@@ -17,12 +17,12 @@ second later. So every failure becomes exactly one of:
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import httpx
-import httpx2
+import aiohttp
 import openai
 
 PERMANENT_STATUSES = frozenset({400, 413, 422})
@@ -68,15 +68,30 @@ def error_for_status(status: int | None, reason: str) -> RequestError:
     return FatalEndpointError(reason, status=status)
 
 
-def classify(exc: BaseException, *, secret: str | None = None) -> RequestError:
-    """Map an openai/httpx exception (or one of ours, returned as is) to a ``RequestError``.
+def error_for_reply(status: int, body: bytes) -> RequestError:
+    """The error an HTTP error reply calls for, with the server's own message when its body has one
+    (SGLang's flat ``{"message": ...}``, vLLM's ``{"error": {...}}``), else the body's text."""
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        parsed: object = json.loads(text)
+    except ValueError:
+        parsed = None
+    return error_for_status(status, _body_message(parsed) or text or f"HTTP {status} with an empty body")
 
-    ``secret`` (the API key) is scrubbed from the reason: some servers echo the key back in 401s.
-    Anything unrecognised is transient, so the retry budget, not a guess, decides its fate.
+
+def error_for_event(error: object) -> RequestError:
+    """An error event inside a 200 stream (SGLang/vLLM queue full): the status is in its body."""
+    return error_for_status(_body_code(error), _body_message(error) or "error event in the stream")
+
+
+def classify(exc: BaseException, *, secret: str | None = None) -> RequestError:
+    """Map an exception of the SDK, aiohttp or ours to a ``RequestError``.
+
+    ``secret`` (the API key) is scrubbed from the reason: some servers echo the key back, in 401s
+    and in other error bodies. Anything unrecognised is transient, so the retry budget, not a
+    guess, decides its fate.
     """
-    if isinstance(exc, RequestError):
-        return exc
-    error = _classify_foreign(exc)
+    error = exc if isinstance(exc, RequestError) else _classify_foreign(exc)
     error.reason = _shorten(_redact(error.reason, secret))
     error.args = (error.reason,)
     return error
@@ -99,15 +114,11 @@ def _classify_foreign(exc: BaseException) -> RequestError:
         return TransientRequestError(f"connection error: {_describe(exc.__cause__ or exc)}")
     if isinstance(exc, openai.APIResponseValidationError):
         return TransientRequestError(f"malformed response: {exc.message}", status=exc.status_code)
-    if isinstance(exc, openai.APIError):
-        # An error event inside a 200 stream (SGLang/vLLM queue full): the status is in the body.
-        return error_for_status(_body_code(exc.body), _body_message(exc.body) or exc.message)
-    # Both httpx generations: the SDK and its aiohttp transport raise httpx2's (a stream read that
-    # times out surfaces unwrapped), injected test clients raise httpx's.
-    if isinstance(exc, httpx.HTTPStatusError | httpx2.HTTPStatusError):
-        return error_for_status(exc.response.status_code, str(exc))
-    if isinstance(exc, httpx.TimeoutException | httpx2.TimeoutException):
-        return TransientRequestError(f"timed out: {_describe(exc)}")
+    # aiohttp's read and connect timeouts are TimeoutErrors (and ClientErrors): test them first.
+    if isinstance(exc, TimeoutError):
+        return TransientRequestError(f"request timed out: {_describe(exc)}")
+    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+        return TransientRequestError(f"connection error: {_describe(exc)}")
     return TransientRequestError(_describe(exc))
 
 

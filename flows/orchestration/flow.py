@@ -155,7 +155,9 @@ class _LiveView:
         status = await asyncio.to_thread(run_status, session.store)
         await self.tick(finished=completed, status=status)
         summary = run_summary(session, status)
-        report = await asyncio.to_thread(report_with_plots, session.config.run_dir, summary)
+        report, session.drawn_plots = await asyncio.to_thread(
+            report_with_plots, session.config.run_dir, summary
+        )
         await self._card("report").put(
             MarkdownArtifact(key=f"{self.key}-report", markdown=report, description="run report")
         )

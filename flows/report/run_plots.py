@@ -26,6 +26,8 @@ THROUGHPUT_PLOT = "throughput.png"
 CATEGORIES_PLOT = "categories.png"
 LENGTHS_PLOT = "lengths.png"
 CONTROLLER_PLOT = "controller.png"
+# (title, file name) of each plot drawn, in report order.
+Plots = list[tuple[str, str]]
 
 
 def _pyplot() -> Any:
@@ -125,7 +127,7 @@ def plot_lengths(numbers: dict[str, dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def write_plots(run_dir: Path, data: str | Path) -> list[tuple[str, str]]:
+def write_plots(run_dir: Path, data: str | Path) -> Plots:
     """Draw every plot the run's files allow; (title, file name) of each one drawn, in report order.
 
     The plots go to the run's local folder ``run_dir``; ``data`` is where its shards are (the same
@@ -144,7 +146,7 @@ def write_plots(run_dir: Path, data: str | Path) -> list[tuple[str, str]]:
     return drawn
 
 
-def plots_markdown(run_dir: Path, plots: list[tuple[str, str]], *, embed: bool = False) -> list[str]:
+def plots_markdown(run_dir: Path, plots: Plots, *, embed: bool = False) -> list[str]:
     """A "Plots" section: links beside report.md, or the PNGs inline (``embed``, for a UI artifact)."""
     if not plots:
         return []

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.report.run_plots import plots_markdown, write_plots
+from flows.report.run_plots import Plots, plots_markdown, write_plots
 from flows.report.status import RunStatus
 from flows.run.prompt_stream import StreamCounts
 from flows.store.location import local_path
@@ -163,7 +163,7 @@ def write_report(session: RunSession, status: RunStatus) -> dict[str, Any]:
     summary = run_summary(session, status)
     run_dir = session.config.run_dir
     write_json_atomically(summary, run_dir / SUMMARY)
-    write_report_files(run_dir, summary)
+    write_report_files(run_dir, summary, session.drawn_plots)
     (run_dir / "reports").mkdir(exist_ok=True)
     stamp = summary["finished_at"].replace(":", "").replace("-", "")[:15]
     (run_dir / "reports" / f"summary-{stamp}.json").write_text(
@@ -181,20 +181,22 @@ def _data(run_dir: Path, summary: dict[str, Any]) -> str | Path:
     return run_dir if local_path(summary["run_dir"]) is not None else summary["run_dir"]
 
 
-def write_report_files(run_dir: Path, summary: dict[str, Any]) -> str:
-    """Draw the plots and write ``report.md`` (the controller plot is in its concurrency section)."""
-    plots = write_plots(run_dir, _data(run_dir, summary))
+def write_report_files(run_dir: Path, summary: dict[str, Any], plots: Plots | None = None) -> str:
+    """Write ``report.md`` (the controller plot is in its concurrency section) with ``plots``, the
+    ones this start's Prefect report already drew, or else drawing them now."""
+    plots = write_plots(run_dir, _data(run_dir, summary)) if plots is None else plots
     rest = [(title, name) for title, name in plots if name != CONTROLLER_PLOT]
     text = report_markdown(summary) + "\n".join(["", *plots_markdown(run_dir, rest)])
     (run_dir / REPORT).write_text(text, encoding="utf-8")
     return text
 
 
-def report_with_plots(run_dir: Path, summary: dict[str, Any]) -> str:
-    """The report with every plot inline (for a UI that cannot open files beside ``report.md``)."""
+def report_with_plots(run_dir: Path, summary: dict[str, Any]) -> tuple[str, Plots]:
+    """The report with every plot inline (for a UI that cannot open files beside ``report.md``),
+    and the plots drawn for it (``report.md`` reuses them: drawing takes about a second)."""
     plots = write_plots(run_dir, _data(run_dir, summary))
     body = [line for line in report_markdown(summary).splitlines() if not line.startswith("![")]
-    return "\n".join([*body, "", *plots_markdown(run_dir, plots, embed=True)])
+    return "\n".join([*body, "", *plots_markdown(run_dir, plots, embed=True)]), plots
 
 
 def report_from_disk(run_dir: Path) -> Path:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from flows.client.guard import Endpoint
 from flows.config import RunConfig, fingerprint
@@ -26,6 +26,9 @@ from flows.run.pump import Patience
 from flows.store.flusher import Flusher
 from flows.store.parts import Part
 from flows.store.run_store import RunStore
+
+if TYPE_CHECKING:  # the plots module is loaded only when a report is drawn
+    from flows.report.run_plots import Plots
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,8 @@ class RunSession:
         self.reporters: list[Reporter] = []
         self.resumed = False
         self.fingerprint = ""
+        # The plots this start's Prefect report drew, for report.md to reuse (None: not drawn yet).
+        self.drawn_plots: Plots | None = None
         self.patience = Patience(
             outage_s=config.retry.outage_patience_s, failover_s=config.retry.failover_after_s
         )

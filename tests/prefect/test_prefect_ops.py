@@ -84,6 +84,8 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     assert any(line.startswith("category chat finished") for line in logs)
     assert "category chat finished" not in out.decode(), "the terminal stays quiet"
     assert (tmp_path / "killtest" / "throughput.png").exists()
+    # report.md names the plots the Prefect report drew (drawn once per start, not twice)
+    assert "](throughput.png)" in (tmp_path / "killtest" / "report.md").read_text()
 
 
 def test_a_dead_run_is_marked_crashed_by_the_heartbeat_automation_without_a_new_start(

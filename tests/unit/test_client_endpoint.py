@@ -1,16 +1,19 @@
-"""EndpointClient against the REAL captured SGLang/vLLM bytes, served through httpx.MockTransport."""
+"""EndpointClient against the REAL captured SGLang/vLLM bytes, served by a loopback aiohttp server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import httpx
 import pytest
+from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from flows.client.endpoint import EndpointClient, RetryPolicy
 from flows.client.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
@@ -24,7 +27,7 @@ KEY = "sk-test-5f0c1e9d2b7a4c38"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 SAMPLING = SamplingParams(max_tokens=16)
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_wait_s=0.001, max_wait_s=0.002)
-Responder = Callable[[httpx.Request], httpx.Response]
+Responder = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SGLANG_OVER_CONTEXT = (
     "Requested token count exceeds the model's maximum context length of 1024 tokens. You requested a"
@@ -42,6 +45,17 @@ VLLM_BUSY = (
 )
 
 
+def reply(status: int, body: bytes, content_type: str = "application/json") -> Responder:
+    async def respond(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+
+    return respond
+
+
+def json_reply(status: int, body: object) -> Responder:
+    return reply(status, json.dumps(body).encode())
+
+
 def captured(engine: str, name: str) -> Responder:
     """Serve a captured body with the captured status and content type (from its .headers.txt)."""
     folder = FIXTURES / engine
@@ -51,8 +65,7 @@ def captured(engine: str, name: str) -> Responder:
         line.split(":", 1)[1].strip() for line in head if line.lower().startswith("content-type:")
     )
     body_path = next(p for p in folder.glob(f"{name}.*") if not p.name.endswith(".headers.txt"))
-    body = body_path.read_bytes()
-    return lambda _request: httpx.Response(status, headers={"content-type": content_type}, content=body)
+    return reply(status, body_path.read_bytes(), content_type)
 
 
 def sse_prefix(engine: str, name: str, events: int) -> bytes:
@@ -61,30 +74,79 @@ def sse_prefix(engine: str, name: str, events: int) -> bytes:
     return b"".join(event + b"\n\n" for event in body.split(b"\n\n")[:events])
 
 
+async def sse_head(request: web.Request, head: bytes) -> web.StreamResponse:
+    """Start a 200 event stream and send ``head``: the caller decides how it goes on."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(head)
+    return response
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A request as the server received it."""
+
+    path: str
+    headers: CIMultiDictProxy[str]
+    content: bytes
+
+
 class FakeServer:
-    """Answers each request with the next responder (the last one repeats) and keeps the requests."""
+    """A loopback HTTP server: answers each request with the next responder (the last one repeats)
+    and keeps the requests. Started on first use, stopped by the ``servers`` fixture."""
+
+    running: ClassVar[list[web.AppRunner]] = []
 
     def __init__(self, *responders: Responder) -> None:
         self._responders = list(responders)
-        self.requests: list[httpx.Request] = []
+        self.requests: list[Seen] = []
+        self._url: str | None = None
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
+    async def url(self) -> str:
+        if self._url is None:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            FakeServer.running.append(runner)
+            self._url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        return self._url
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(Seen(request.path, request.headers, await request.read()))
         responder = self._responders.pop(0) if len(self._responders) > 1 else self._responders[0]
-        return responder(request)
+        return await responder(request)
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(request.content) for request in self.requests]
 
 
-def make_client(server: FakeServer, **options: Any) -> EndpointClient:
+@pytest.fixture(autouse=True)
+async def servers() -> AsyncIterator[None]:
+    yield
+    while FakeServer.running:
+        await FakeServer.running.pop().cleanup()
+
+
+async def make_client(server: FakeServer, *, path: str = "", **options: Any) -> EndpointClient:
     options.setdefault("retry", FAST_RETRY)
-    http_client = httpx.AsyncClient(transport=httpx.MockTransport(server))
-    return EndpointClient("http://127.0.0.1:30000", "tinyllm", KEY, http_client=http_client, **options)
+    options.setdefault("model", "tinyllm")
+    options.setdefault("api_key", KEY)
+    return EndpointClient(await server.url() + path, **options)
 
 
 async def generate(server: FakeServer, **options: Any) -> Any:
-    client = make_client(server, **options)
+    client = await make_client(server, **options)
     try:
         return await client.generate(MESSAGES, None, SAMPLING)
     finally:
@@ -250,14 +312,14 @@ async def test_request_body_carries_extras_at_top_level() -> None:
         separate_reasoning=True,
         extra_body={"top_k": 20},
     )
-    client = make_client(server)
+    client = await make_client(server)
     try:
         await client.generate(MESSAGES, tools, sampling)
     finally:
         await client.aclose()
 
     (request,) = server.requests
-    assert request.url == "http://127.0.0.1:30000/v1/chat/completions"
+    assert request.path == "/v1/chat/completions"
     assert json.loads(request.content) == {
         "model": "tinyllm",
         "messages": MESSAGES,
@@ -272,20 +334,51 @@ async def test_request_body_carries_extras_at_top_level() -> None:
         "top_k": 20,
     }
     assert request.headers["authorization"] == f"Bearer {KEY}"
-    # The SDK's 600 s default would kill long reasoning answers.
-    assert request.extensions["timeout"] == {"connect": 10.0, "read": 3600.0, "write": 3600.0, "pool": 3600.0}
+    assert request.headers["content-type"] == "application/json"
+
+
+async def test_a_base_url_with_v1_and_a_path_prefix_is_kept() -> None:
+    server = FakeServer(captured(SGLANG, "chat_nonstream"))
+
+    await generate(server, path="/gpu-3/v1/", stream=False)
+
+    assert server.requests[0].path == "/gpu-3/v1/chat/completions"
+
+
+async def test_a_read_slower_than_the_read_timeout_is_transient() -> None:
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = await sse_head(request, sse_prefix(SGLANG, "chat_stream", 2))
+        await asyncio.sleep(1.0)
+        return response
+
+    error = await failure(FakeServer(slow), read_timeout_s=0.2)
+
+    assert type(error) is TransientRequestError
+    assert error.reason.startswith("request timed out: ")
+    assert error.attempts == 3
+
+
+async def test_a_slow_answer_within_the_read_timeout_is_kept() -> None:
+    answer = captured(SGLANG, "chat_nonstream")
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.3)
+        return await answer(request)
+
+    generation = await generate(FakeServer(slow), stream=False, read_timeout_s=2.0)
+
+    assert (generation.finish_reason, generation.attempts) == ("length", 1)
 
 
 async def test_non_streaming_body_and_no_tools_key() -> None:
     server = FakeServer(captured(SGLANG, "chat_nonstream"))
 
-    await generate(server, stream=False, read_timeout_s=120.0)
+    await generate(server, stream=False)
 
     body = server.bodies()[0]
     assert "stream" not in body
     assert "stream_options" not in body
     assert "tools" not in body
-    assert server.requests[0].extensions["timeout"]["read"] == 120.0
 
 
 # --- failures ------------------------------------------------------------------------------------
@@ -394,10 +487,7 @@ async def test_two_queue_full_then_success_counts_three_attempts(first: str) -> 
 
 async def test_stream_that_stops_without_finish_reason_is_retried() -> None:
     cut = sse_prefix(SGLANG, "chat_stream", 5)
-    server = FakeServer(
-        lambda _r: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=cut),
-        captured(SGLANG, "chat_stream"),
-    )
+    server = FakeServer(reply(200, cut, "text/event-stream"), captured(SGLANG, "chat_stream"))
     seen: list[TransientRequestError] = []
 
     generation = await generate(server, on_attempt_failed=seen.append)
@@ -408,43 +498,94 @@ async def test_stream_that_stops_without_finish_reason_is_retried() -> None:
 
 
 async def test_connection_dropped_mid_stream_is_transient() -> None:
-    head = sse_prefix(SGLANG, "chat_stream", 3)
+    async def dropped(request: web.Request) -> web.StreamResponse:
+        response = await sse_head(request, sse_prefix(SGLANG, "chat_stream", 3))
+        assert request.transport is not None
+        request.transport.close()  # the server dies mid-answer
+        return response
 
-    async def dropped() -> AsyncIterator[bytes]:
-        yield head
-        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
-
-    server = FakeServer(
-        lambda _r: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=dropped())
-    )
-
-    error = await failure(server)
+    error = await failure(FakeServer(dropped))
 
     assert type(error) is TransientRequestError
-    assert error.reason == (
-        "connection error: RemoteProtocolError: peer closed connection without sending complete message body"
-    )
+    assert error.reason.startswith("connection error: ClientPayloadError: Response payload is not completed")
     assert (error.status, error.attempts) == (None, 3)
 
 
-@pytest.mark.parametrize(
-    ("raised", "reason"),
-    [
-        (
-            httpx.ConnectError("[Errno 111] Connection refused"),
-            "connection error: ConnectError: [Errno 111] Connection refused",
-        ),
-        (httpx.ReadTimeout("timed out"), "request timed out"),
-    ],
-)
-async def test_unreachable_server_is_transient(raised: Exception, reason: str) -> None:
-    def fail(_request: httpx.Request) -> httpx.Response:
-        raise raised
+async def test_unreachable_server_is_transient() -> None:
+    client = EndpointClient(f"http://127.0.0.1:{free_port()}", "tinyllm", KEY, retry=FAST_RETRY)
+    try:
+        with pytest.raises(TransientRequestError) as caught:
+            await client.generate(MESSAGES, None, SAMPLING)
+    finally:
+        await client.aclose()
 
-    error = await failure(FakeServer(fail))
+    assert caught.value.reason.startswith("connection error: ClientConnectorError: Cannot connect to host")
+    assert caught.value.attempts == 3
 
-    assert type(error) is TransientRequestError
-    assert (error.reason, error.attempts) == (reason, 3)
+
+async def test_an_error_body_that_is_not_json_gives_its_text() -> None:
+    server = FakeServer(reply(502, b"<html>Bad Gateway</html>", "text/html"), captured(SGLANG, "chat_stream"))
+    seen: list[TransientRequestError] = []
+
+    generation = await generate(server, on_attempt_failed=seen.append)
+
+    assert generation.attempts == 2
+    assert [(e.status, e.reason) for e in seen] == [(502, "<html>Bad Gateway</html>")]
+
+
+async def test_a_200_that_is_not_json_is_retried() -> None:
+    server = FakeServer(
+        reply(200, b"<html>proxy page</html>", "text/html"), captured(SGLANG, "chat_nonstream")
+    )
+    seen: list[TransientRequestError] = []
+
+    generation = await generate(server, stream=False, on_attempt_failed=seen.append)
+
+    assert generation.attempts == 2
+    assert seen[0].reason.startswith("malformed response: ")
+
+
+async def test_an_error_event_inside_a_stream_is_classified_by_its_code() -> None:
+    event = {"error": {"message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE", "code": 503}}
+    queue_full = sse_prefix(SGLANG, "chat_stream", 2) + b"data: " + json.dumps(event).encode() + b"\n\n"
+    server = FakeServer(reply(200, queue_full, "text/event-stream"), captured(SGLANG, "chat_stream"))
+    seen: list[TransientRequestError] = []
+
+    generation = await generate(server, on_attempt_failed=seen.append)
+
+    assert generation.attempts == 2
+    assert [(e.status, e.reason) for e in seen] == [(503, "The request queue is full.")]
+
+
+async def test_keep_alive_events_and_crlf_lines_are_read_like_the_engines_own() -> None:
+    body = (FIXTURES / SGLANG / "chat_stream.sse").read_bytes()
+    noisy = b": keep-alive\r\n\r\nevent: ping\r\ndata:\r\n\r\n" + body.replace(b"\n", b"\r\n")
+
+    plain = await generate(FakeServer(captured(SGLANG, "chat_stream")))
+    generation = await generate(FakeServer(reply(200, noisy, "text/event-stream")))
+
+    assert (generation.message, generation.usage) == (plain.message, plain.usage)
+
+
+async def test_connections_are_reused_across_streamed_answers() -> None:
+    ports: set[int] = set()
+    body = (FIXTURES / SGLANG / "chat_stream.sse").read_bytes()
+
+    async def note_peer(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        ports.add(request.transport.get_extra_info("peername")[1])
+        response = await sse_head(request, body)
+        await asyncio.sleep(0.05)  # the body's end comes after "[DONE]", as over a real network
+        return response
+
+    client = await make_client(FakeServer(note_peer))
+    try:
+        for _ in range(5):
+            await client.generate(MESSAGES, None, SAMPLING)
+    finally:
+        await client.aclose()
+
+    assert len(ports) == 1
 
 
 async def test_bad_key_is_fatal_and_the_key_never_shows() -> None:
@@ -455,7 +596,7 @@ async def test_bad_key_is_fatal_and_the_key_never_shows() -> None:
             "code": 401,
         }
     }
-    server = FakeServer(lambda _r: httpx.Response(401, json=echoed))
+    server = FakeServer(json_reply(401, echoed))
 
     error = await failure(server)
 
@@ -469,7 +610,7 @@ async def test_unknown_model_is_fatal() -> None:
     missing = {
         "error": {"message": "The model `tinylm` does not exist.", "type": "NotFoundError", "code": 404}
     }
-    server = FakeServer(lambda _r: httpx.Response(404, json=missing))
+    server = FakeServer(json_reply(404, missing))
 
     error = await failure(server)
 
@@ -478,12 +619,9 @@ async def test_unknown_model_is_fatal() -> None:
 
 
 async def test_key_is_hidden_in_transient_errors_too() -> None:
-    def fail(_request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError(f"proxy refused Bearer {KEY}")
+    error = await failure(FakeServer(reply(503, f"proxy refused Bearer {KEY}".encode(), "text/plain")))
 
-    error = await failure(FakeServer(fail))
-
-    assert error.reason == "connection error: ConnectError: proxy refused Bearer ***"
+    assert (type(error), error.reason) == (TransientRequestError, "proxy refused Bearer ***")
     assert_key_hidden(error)
 
 
@@ -494,7 +632,7 @@ async def test_abort_finish_reason_is_retried() -> None:
             {"index": 0, "message": {"role": "assistant", "content": "par"}, "finish_reason": "abort"}
         ],
     }
-    server = FakeServer(lambda _r: httpx.Response(200, json=aborted), captured(SGLANG, "chat_nonstream"))
+    server = FakeServer(json_reply(200, aborted), captured(SGLANG, "chat_nonstream"))
 
     generation = await generate(server, stream=False)
 
@@ -507,51 +645,40 @@ async def test_abort_finish_reason_is_retried() -> None:
 @pytest.mark.parametrize("engine", [SGLANG, VLLM])
 async def test_detect_model(engine: str) -> None:
     server = FakeServer(captured(engine, "v1_models"))
-    client = EndpointClient(
-        "http://127.0.0.1:30000/v1/",
-        None,
-        None,
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(server)),
-    )
+    client = await make_client(server, path="/v1/", model=None, api_key=None)
     try:
         assert client.model is None
         assert await client.detect_model() == "tinyllm"
         assert client.model == "tinyllm"
     finally:
         await client.aclose()
-    assert server.requests[0].url == "http://127.0.0.1:30000/v1/models"
+    assert server.requests[0].path == "/v1/models"
     assert server.requests[0].headers["authorization"] == "Bearer EMPTY"
 
 
 async def test_model_is_detected_once_for_concurrent_first_requests() -> None:
     models = captured(SGLANG, "v1_models")
     chat = captured(SGLANG, "chat_stream")
-    server = FakeServer(lambda r: models(r) if r.url.path == "/v1/models" else chat(r))
-    client = EndpointClient(
-        "http://127.0.0.1:30000",
-        None,
-        KEY,
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(server)),
-    )
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        return await (models if request.path == "/v1/models" else chat)(request)
+
+    server = FakeServer(route)
+    client = await make_client(server, model=None)
     try:
         generations = await asyncio.gather(*(client.generate(MESSAGES, None, SAMPLING) for _ in range(5)))
     finally:
         await client.aclose()
 
     assert [g.finish_reason for g in generations] == ["length"] * 5
-    assert [r.url.path for r in server.requests].count("/v1/models") == 1
-    chats = [json.loads(r.content) for r in server.requests if r.url.path == "/v1/chat/completions"]
+    assert [r.path for r in server.requests].count("/v1/models") == 1
+    chats = [json.loads(r.content) for r in server.requests if r.path == "/v1/chat/completions"]
     assert [body["model"] for body in chats] == ["tinyllm"] * 5
 
 
 async def test_empty_model_list_is_fatal() -> None:
-    server = FakeServer(lambda _r: httpx.Response(200, json={"object": "list", "data": []}))
-    client = EndpointClient(
-        "http://127.0.0.1:30000",
-        None,
-        None,
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(server)),
-    )
+    server = FakeServer(json_reply(200, {"object": "list", "data": []}))
+    client = await make_client(server, model=None, api_key=None)
     try:
         with pytest.raises(FatalEndpointError, match="serves no model"):
             await client.detect_model()
@@ -583,23 +710,22 @@ async def test_max_total_seconds_stops_retrying() -> None:
 
 
 async def test_cancelling_a_request_closes_its_stream() -> None:
-    head = sse_prefix(SGLANG, "chat_stream", 3)
     started = asyncio.Event()
     closed = asyncio.Event()
 
-    async def endless() -> AsyncIterator[bytes]:
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = await sse_head(request, sse_prefix(SGLANG, "chat_stream", 3))
+        started.set()
         try:
-            yield head
-            started.set()
-            await asyncio.Event().wait()
-            yield b""
-        finally:
+            while True:  # a keep-alive comment every 10 ms, until the client hangs up
+                await asyncio.sleep(0.01)
+                await response.write(b": keep-alive\n\n")
+        except (ConnectionError, asyncio.CancelledError):
             closed.set()
+        return response
 
-    server = FakeServer(
-        lambda _r: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=endless())
-    )
-    client = make_client(server)
+    server = FakeServer(endless)
+    client = await make_client(server)
     try:
         task = asyncio.create_task(client.generate(MESSAGES, None, SAMPLING))
         await asyncio.wait_for(started.wait(), 2)

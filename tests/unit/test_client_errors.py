@@ -1,4 +1,5 @@
-"""classify(): every openai/httpx failure lands in exactly one of transient / permanent / fatal."""
+"""classify(), error_for_reply(), error_for_event(): every SDK, aiohttp or HTTP failure lands in
+exactly one of transient / permanent / fatal."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from typing import Any
 
 import aiohttp
 import httpx
-import httpx2
 import openai
 import pytest
 
@@ -17,10 +17,12 @@ from flows.client.errors import (
     RequestError,
     TransientRequestError,
     classify,
+    error_for_event,
+    error_for_reply,
     error_for_status,
 )
 
-# Typed Any: this SDK is typed for httpx2 but takes httpx objects at run time, as the client does.
+# The SDK's errors (model listing) carry a request; typed Any: this SDK is typed for httpx2.
 REQUEST: Any = httpx.Request("POST", "http://127.0.0.1:30000/v1/chat/completions")
 
 
@@ -96,11 +98,43 @@ def test_nested_error_body_is_unwrapped() -> None:
 def test_in_stream_error_event_takes_its_code_from_the_body(
     body: dict[str, object], kind: type[RequestError], status: int | None
 ) -> None:
-    event = openai.APIError("The request queue is full.", REQUEST, body=body)
-
-    error = classify(event)
+    error = error_for_event(body)
 
     assert (type(error), error.status, error.reason) == (kind, status, "The request queue is full.")
+
+
+def test_error_event_without_a_message_says_so() -> None:
+    assert error_for_event({"code": 503}).reason == "error event in the stream"
+    assert error_for_event("queue full").reason == "error event in the stream"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "reason"),
+    [
+        (
+            503,
+            b'{"object": "error", "message": "The request queue is full.", "type": "503", "code": 503}',
+            TransientRequestError,
+            "The request queue is full.",
+        ),
+        (
+            404,
+            b'{"error": {"message": "The model `x` does not exist.", "code": 404}}',
+            FatalEndpointError,
+            "The model `x` does not exist.",
+        ),
+        (400, b'{"detail": "bad"}', PermanentRequestError, '{"detail": "bad"}'),
+        (502, b"<html>Bad Gateway</html>\n", TransientRequestError, "<html>Bad Gateway</html>"),
+        (500, b"", TransientRequestError, "HTTP 500 with an empty body"),
+        (413, b"\xff\xfe too large", PermanentRequestError, "\ufffd\ufffd too large"),
+    ],
+)
+def test_error_reply_uses_the_servers_message_or_its_text(
+    status: int, body: bytes, kind: type[RequestError], reason: str
+) -> None:
+    error = error_for_reply(status, body)
+
+    assert (type(error), error.status, error.reason) == (kind, status, reason)
 
 
 def test_transport_failures_are_transient() -> None:
@@ -113,22 +147,28 @@ def test_transport_failures_are_transient() -> None:
         == "connection error: APIConnectionError: Connection error."
     )
     assert classify(openai.APITimeoutError(request=REQUEST)).reason == "request timed out"
-    assert classify(httpx.ReadTimeout("slow")).reason == "timed out: ReadTimeout: slow"
-    # what the SDK's aiohttp transport raises while a stream is read
-    assert classify(httpx2.ReadTimeout("slow")).reason == "timed out: ReadTimeout: slow"
-    assert classify(aiohttp.ServerDisconnectedError()).reason.startswith("ServerDisconnectedError")
-    assert classify(httpx.RemoteProtocolError("")).reason == "RemoteProtocolError"
+    # what the chat post on aiohttp raises
+    assert (
+        classify(aiohttp.SocketTimeoutError("slow")).reason == "request timed out: SocketTimeoutError: slow"
+    )
+    assert (
+        classify(aiohttp.ConnectionTimeoutError("slow")).reason
+        == "request timed out: ConnectionTimeoutError: slow"
+    )
+    assert classify(aiohttp.ServerDisconnectedError()).reason == (
+        "connection error: ServerDisconnectedError: Server disconnected"
+    )
+    assert classify(aiohttp.ClientPayloadError("cut")).reason == "connection error: ClientPayloadError: cut"
+    assert classify(aiohttp.InvalidURL("h ttp://x")).reason == "InvalidURL: h ttp://x"
     assert all(
         type(classify(exc)) is TransientRequestError
-        for exc in (cut, httpx.ReadTimeout("slow"), httpx.RemoteProtocolError(""), RuntimeError("odd"))
+        for exc in (
+            cut,
+            aiohttp.SocketTimeoutError("slow"),
+            aiohttp.ServerDisconnectedError(),
+            RuntimeError("odd"),
+        )
     )
-
-
-def test_httpx_status_error() -> None:
-    response = httpx.Response(403, request=REQUEST)
-    error = classify(httpx.HTTPStatusError("forbidden", request=REQUEST, response=response))
-
-    assert (type(error), error.status, error.reason) == (FatalEndpointError, 403, "forbidden")
 
 
 def test_invalid_response_body_is_transient() -> None:
@@ -139,10 +179,13 @@ def test_invalid_response_body_is_transient() -> None:
     assert error.reason.startswith("malformed response: ")
 
 
-def test_our_own_errors_pass_through_unchanged() -> None:
+def test_our_own_errors_pass_through_with_the_secret_scrubbed() -> None:
     original = PermanentRequestError("too long", status=400, attempts=2)
+    echoed = TransientRequestError("queue full for Bearer sk-live-0123456789", status=503)
 
     assert classify(original) is original
+    assert (original.reason, original.status, original.attempts) == ("too long", 400, 2)
+    assert classify(echoed, secret="sk-live-0123456789").reason == "queue full for Bearer ***"
 
 
 def test_secret_is_redacted_everywhere() -> None:
