@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -698,6 +700,26 @@ def test_endpoint_and_repr_show_no_credentials() -> None:
 def test_retry_policy_rejects_zero_attempts() -> None:
     with pytest.raises(ValueError, match="max_attempts"):
         RetryPolicy(max_attempts=0)
+
+
+def test_the_retry_schedule_doubles_from_the_first_wait_and_is_capped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(random, "uniform", lambda _low, high: high)  # every wait at its upper bound
+    policy = RetryPolicy(max_attempts=7, initial_wait_s=1.0, max_wait_s=20.0)
+    later = policy.retrying_after_first(0.0)
+
+    # after attempt 1 (bare), then after attempts 2.. (tenacity's attempts 1..)
+    waits = [policy.first_wait_s(0.0)] + [later.wait(SimpleNamespace(attempt_number=k)) for k in range(1, 6)]
+
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 20.0]
+
+
+def test_no_second_attempt_when_one_is_allowed_or_the_deadline_is_spent() -> None:
+    assert RetryPolicy(max_attempts=1).first_wait_s(0.0) is None
+    assert RetryPolicy(max_total_s=5.0).first_wait_s(5.0) is None
+    wait = RetryPolicy(initial_wait_s=0.5, max_total_s=5.0).first_wait_s(1.0)
+    assert wait is not None and 0.0 <= wait <= 0.5
 
 
 async def test_max_total_seconds_stops_retrying() -> None:
