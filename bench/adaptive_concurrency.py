@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
+from bench.spinner import busy_core
 from flows.control.signals import ServerSample, parse_metrics
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.launcher import free_port
@@ -134,17 +135,20 @@ Sources = list[tuple[str, Path, int]]
 def write_config(
     path: Path, url: str, run_dir: Path, sources: Sources, setting: str, *, poll_s: float | None = None
 ) -> None:
-    """A run config of the benchmark: ``setting`` is a fixed number in flight, or ``adaptive``."""
+    """A run config of the benchmark: ``setting`` is a fixed number in flight, ``adaptive``, or
+    ``adaptive-unpaced`` (the same law admitting refills at once: the A/B of the pacer)."""
     lines = [
         f'[run]\nname = "{run_dir.name}"\noutput_dir = "{run_dir.parent}"\n',
         f'[[endpoints]]\nurl = "{url}"\nstream = false\n',
         "[generation]\ntemperature = 1.0\n",
         "[store]\nflush_rows = 256\nflush_seconds = 5\nshard_prompts = 1000\n",
     ]
-    if setting != "adaptive":
+    if setting.isdigit():
         lines.append(f"[concurrency]\nlimit = {int(setting)}\n")
-    elif poll_s is not None:
-        lines.append(f"[concurrency]\npoll_s = {poll_s}\n")
+    else:
+        unpaced = "pace_admissions = false\n" if setting == "adaptive-unpaced" else ""
+        polled = f"poll_s = {poll_s}\n" if poll_s is not None else ""
+        lines.append(f"[concurrency]\n{polled}{unpaced}")
     for name, source, max_tokens in sources:
         lines.append(
             f'[[categories]]\nname = "{name}"\nsource = "{source}"\nformat = "messages"\n'
@@ -208,12 +212,8 @@ def main() -> None:
     args = parser.parse_args()
     settings = args.settings.split(",")
     budgets = [int(v) for v in args.max_tokens.split(",")]
-    spinner = subprocess.Popen(
-        ["taskset", "-c", "1", "nice", "-n", "19", sys.executable, "-c", "while True: pass"],
-        start_new_session=True,
-    )
     results: dict[str, list[Outcome]] = {s: [] for s in settings}
-    with tempfile.TemporaryDirectory() as tmp_name:
+    with busy_core(1), tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         sources = []
         per_category = args.prompts // len(budgets)
@@ -243,7 +243,6 @@ def main() -> None:
                     )
         finally:
             stop(server)
-            spinner.kill()
     print_table(results, args)
 
 

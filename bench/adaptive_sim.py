@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.adaptive_concurrency import write_config
+from bench.spinner import busy_core
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
@@ -115,30 +116,23 @@ def main() -> None:
         log_level="warning",
     )
     results: dict[str, list[PhaseOutcome]] = {s: [] for s in settings}
-    spinner = subprocess.Popen(
-        ["taskset", "-c", "1", "nice", "-n", "19", sys.executable, "-c", "while True: pass"],
-        start_new_session=True,
-    )
-    try:
-        with tempfile.TemporaryDirectory() as tmp_name:
-            tmp = Path(tmp_name)
-            prompts = tmp / "prompts.jsonl"
-            write_synthetic_prompts(prompts, args.prompts, max_words=300)
-            runs = 0
-            for repeat in range(args.repeats):
-                for setting in settings[repeat % len(settings) :] + settings[: repeat % len(settings)]:
-                    runs += 1
-                    runs_dir = args.keep or tmp / "runs"
-                    runs_dir.mkdir(parents=True, exist_ok=True)
-                    outcome = one_run(sim_cfg, runs_dir, f"r{runs}-{setting}", setting, prompts, args.prompts)
-                    results[setting].append(outcome)
-                    console.print(
-                        f"repeat {repeat + 1} {setting:>8}: short {outcome.short_tok_s:8.0f} tok/s, long "
-                        f"{outcome.long_tok_s:8.0f} tok/s, peak queue {outcome.peak_queue}, "
-                        f"retractions {outcome.retractions}, {outcome.seconds:.1f} s"
-                    )
-    finally:
-        spinner.kill()
+    with busy_core(1), tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        prompts = tmp / "prompts.jsonl"
+        write_synthetic_prompts(prompts, args.prompts, max_words=300)
+        runs = 0
+        for repeat in range(args.repeats):
+            for setting in settings[repeat % len(settings) :] + settings[: repeat % len(settings)]:
+                runs += 1
+                runs_dir = args.keep or tmp / "runs"
+                runs_dir.mkdir(parents=True, exist_ok=True)
+                outcome = one_run(sim_cfg, runs_dir, f"r{runs}-{setting}", setting, prompts, args.prompts)
+                results[setting].append(outcome)
+                console.print(
+                    f"repeat {repeat + 1} {setting:>8}: short {outcome.short_tok_s:8.0f} tok/s, long "
+                    f"{outcome.long_tok_s:8.0f} tok/s, peak queue {outcome.peak_queue}, "
+                    f"retractions {outcome.retractions}, {outcome.seconds:.1f} s"
+                )
     print_table(results, args)
 
 
@@ -146,7 +140,7 @@ def print_table(results: dict[str, list[PhaseOutcome]], args: argparse.Namespace
     def med(setting: str, attr: str) -> float:
         return statistics.median(getattr(o, attr) for o in results[setting])
 
-    fixed = [s for s in results if s != "adaptive"] or list(results)  # no fixed: ratios to itself
+    fixed = [s for s in results if s.isdigit()] or list(results)  # no fixed: ratios to itself
     oracle = {phase: max(med(s, phase) for s in fixed) for phase in ("short_tok_s", "long_tok_s")}
     table = Table(
         title=f"simulator, KV {SEEDS_KV:,} tokens, {args.prompts} prompts, max_tokens {MAX_TOKENS}, "

@@ -14,7 +14,8 @@ each child is read from ``os.wait4``'s rusage. Three clients send the same promp
 - ``datagen``: ``datagen run --no-prefect`` (prompt stream -> request -> row -> parquet shard),
   non-streaming, and the same with ``stream = true``.
 
-Settings are interleaved and repeated (the machine is shared); the table gives each one's median.
+Settings are interleaved and repeated (the machine is shared), with a nice-19 spinner on the client
+core in every setting alike (``bench/spinner.py``); the table gives each one's median.
 "rows/CPU-s" is what one core sustains (rows over the child's user+sys seconds); "rows/s" is over
 wall time, start-up included, and is bounded by the simulators when they share few cores.
 ``--startup`` also prints where a `datagen run` spends its start-up (``python -X importtime``).
@@ -38,6 +39,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.spinner import busy_core
 from prompts.synthetic import write_synthetic_prompts
 
 LIMIT = 256
@@ -265,7 +267,7 @@ def main() -> None:
     counts = [int(n) for n in args.endpoints.split(",")]
     results: dict[str, list[Measure]] = {}
     numbers = itertools.count()
-    with tempfile.TemporaryDirectory() as tmp:
+    with busy_core(client_core), tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "prompts.jsonl"
         write_synthetic_prompts(source, args.prompts, max_words=200)
         env = child_env(Path(tmp) / "pycache")

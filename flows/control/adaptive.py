@@ -32,6 +32,13 @@ The rules, checked in this order each tick (about once a second):
 6. Otherwise hold. The budget shrinks the limit only when it is below it by more than the
    hysteresis band, so a noisy projection does not make the limit flap.
 
+Each decision also sets the lane's admission pace (``pacer.py``): after the slow start, refills of
+completed requests are admitted at most ``pace_factor`` times the limit's turnover (limit / request
+life), with a small bucket; a raised limit's new room is granted at once. Without it, requests
+admitted together finish together and each freed slot refilled at once keeps the burst: with
+answers of one length the KV usage swings by half the pool once per request life and every peak is
+a back-off (measured on the simulator's long phase: bench/README.md).
+
 The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
 ~40 decode steps), at most an eighth of what is in flight: enough queued requests to refill the
 batch until the next reading, and no more, because SGLang admits from its queue by its own bolder
@@ -54,12 +61,16 @@ class LawSettings:
     max_limit: int = 1024
     initial_limit: int = 8
     grow: float = 1.25
-    backoff: float = 0.75
+    backoff: float = 0.85
+    """The cut at a back-off. 0.85, not TCP's halving or the 0.75 used before admissions were paced:
+    a cut is held for a request's life and probed back slowly, so a deep one costs a life of a
+    quarter-empty cache (the simulator's long phase: about +6 % with 0.85 and the measured request
+    life; bench/README)."""
     hold_s: float = 10.0
-    """After a back-off growth is held for one request's life (in flight / completions per second,
-    Little's law, averaged over ticks: completions come in bursts, and the tick of a back-off, with
-    the whole batch mid-answer, is when the instant rate is lowest; 2 s to 10 min): the cut must
-    show in the gauges first. This long while no answer has come back yet."""
+    """After a back-off growth is held for one request's life (how long answered requests held
+    their slot, measured by the client, 2 s to 10 min): the cut must show in the gauges first. This
+    long while no answer has come back yet. (Little's law on each tick's completion rate read 10-43 s
+    for a 7 s life: completions come in bursts, and a back-off comes when they pause.)"""
     staleness_s: float = 2.0
     min_queue: int = 2
     min_free_vram_bytes: int = 1 << 30
@@ -74,6 +85,12 @@ class LawSettings:
     min_occupancy: float = 0.5
     """Requests admitted one after another hold on average at least half of what they end with
     (prompt + half the output): a lower reading is a batch that has only just started."""
+    pace_factor: float | None = 1.1
+    """Admissions are paced at this many times the limit's turnover (limit / request life): ordinary
+    completions refill at once, a burst of them is refilled over a little time (``pacer.py``). None:
+    unpaced (``pace_admissions = false``)."""
+    pace_burst_share: float = 0.0625
+    """The pacer's bucket: this share of the limit (at least 2) may be admitted at once."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,8 @@ class Observation:
     free_vram_bytes: int | None = None
     """Free memory of the tightest GPU (NVML or DCGM), when it can be read: the OOM guard."""
     total_vram_bytes: int | None = None
+    request_life_s: float | None = None
+    """How long a request holds its slot, averaged over the answers so far (None before any)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,10 @@ class Decision:
     budget_limit: int | None
     queue_allowance: int
     occupancy: float | None
+    request_life_s: float | None = None
+    pace_per_s: float | None = None
+    """Admissions per second the limiter allows this endpoint (None: unpaced)."""
+    pace_burst: float = 1.0
 
 
 @dataclass
@@ -125,8 +148,6 @@ class AdaptiveLimit:
     _occupancy: float = 1.0
     _last_probe: float = -math.inf
     _probe_step: int = 1
-    _life_s: float = 0.0
-    """A request's life (Little's law), a moving average; 0 until answers come back."""
     _slow_start: bool = True
     _ceiling: float = math.inf
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
@@ -153,6 +174,7 @@ class AdaptiveLimit:
         target, reason = self._target(obs, retractions, restarted, budget, allowance)
         target = _clamp(target, s.min_limit, s.max_limit)
         self._limit = target
+        pace, burst = self._pace(obs)
         return Decision(
             at=obs.at,
             limit=self._limit,
@@ -171,6 +193,9 @@ class AdaptiveLimit:
             budget_limit=budget,
             queue_allowance=allowance,
             occupancy=self._occupancy,
+            request_life_s=obs.request_life_s,
+            pace_per_s=pace,
+            pace_burst=burst,
         )
 
     # -- the rules --------------------------------------------------------------------------------
@@ -180,7 +205,7 @@ class AdaptiveLimit:
         s, server, current = self.settings, obs.server, self._limit
         if not obs.healthy:
             return current, "endpoint down"
-        life = self._learn_life(obs)
+        life = obs.request_life_s or 0.0
         if restarted:
             self._hold_until = obs.at + s.hold_s
             self._ceiling, self._probe_step = math.inf, 1
@@ -271,13 +296,19 @@ class AdaptiveLimit:
             self._last_capacity = capacity
         return came_back or counter_back or resized
 
-    def _learn_life(self, obs: Observation) -> float:
-        """In flight / completions per second, averaged like the occupancy (0 until answers come)."""
-        if obs.completions_per_s > 0 and obs.in_flight > 0:
-            instant = obs.in_flight / obs.completions_per_s
-            alpha = self.settings.occupancy_alpha * 2
-            self._life_s = instant if not self._life_s else self._life_s + alpha * (instant - self._life_s)
-        return self._life_s
+    def _pace(self, obs: Observation) -> tuple[float | None, float]:
+        """Admissions per second and bucket size: ``pace_factor`` x limit / the measured request life.
+
+        None during the slow start, while the endpoint is down, and before any answer came back. The
+        life is the client's own measure of how long answered requests held their slot: the first
+        answers are the short ones, so early on it errs towards a faster pace, never a stall.
+        """
+        s = self.settings
+        burst = max(2.0, self._limit * s.pace_burst_share)
+        life = obs.request_life_s
+        if s.pace_factor is None or self._slow_start or not obs.healthy or not life or life <= 0:
+            return None, burst
+        return s.pace_factor * self._limit / life, burst
 
     def _learn_occupancy(self, obs: Observation) -> None:
         """KV tokens used per projected token of the requests running (a moving average).

@@ -81,11 +81,14 @@ class EndpointController:
             waiting=self.limiter.waiting,
             projected_tokens=self.lane.projected_tokens,
             completions_per_s=self._rate,
+            request_life_s=self.lane.life_s,
             healthy=self.lane.endpoint.guard.up,
             free_vram_bytes=memory.free_bytes if memory else None,
             total_vram_bytes=memory.total_bytes if memory else None,
         )
         decision = self.law.observe(observation)
+        self.lane.pacer.set(decision.pace_per_s, decision.pace_burst, time.monotonic())
+        self.lane.pacer.grant(decision.limit - decision.previous)
         self.last, self.last_sample = decision, sample
         self.timeline.add(self.url, decision, sample, self.lane.projected_tokens)
         if decision.limit != decision.previous:

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Generic, TypeVar
 
 from flows.control.limit import Limit
+from flows.control.pacer import Pacer
 
 T = TypeVar("T")
+
+LIFE_ALPHA = 0.05
+"""Weight of one answer in a lane's request life: about the last 20-40 answers count."""
 
 
 class Lane(Generic[T]):
@@ -26,6 +31,16 @@ class Lane(Generic[T]):
         self.projected_tokens = 0.0
         """Projected KV demand of this lane's requests in flight (what the token budget reads)."""
         self.completed = 0
+        self.life_s: float | None = None
+        """How long this lane's requests hold their slot, a moving average of the completed ones."""
+        self.pacer = Pacer()
+        """Spreads admissions when the law asks for it (``Decision.pace_per_s``); unpaced by default."""
+
+    def finished(self, held_s: float) -> None:
+        """One request answered after holding its slot ``held_s`` seconds (all its turns)."""
+        self.completed += 1
+        weight = max(LIFE_ALPHA, 1.0 / self.completed)  # a plain mean of the first answers
+        self.life_s = held_s if self.life_s is None else self.life_s + weight * (held_s - self.life_s)
 
     @property
     def room(self) -> int:
@@ -51,9 +66,16 @@ class Limiter(Generic[T]):
     def in_flight(self) -> int:
         return sum(lane.in_flight for lane in self.lanes)
 
-    def _best(self) -> Lane[T] | None:
-        lane = max(self.lanes, key=lambda candidate: candidate.room)
-        return lane if lane.room > 0 else None
+    def _best(self, now: float) -> tuple[Lane[T] | None, float | None]:
+        """The lane with the most room whose pacer admits now; else how long until a paced lane
+        would (None: no lane has room, wait for a release or a new limit)."""
+        open_lanes = [lane for lane in self.lanes if lane.room > 0]
+        if not open_lanes:
+            return None, None
+        ready = [lane for lane in open_lanes if lane.pacer.wait_s(now) == 0.0]
+        if ready:
+            return max(ready, key=lambda candidate: candidate.room), None
+        return None, min(lane.pacer.wait_s(now) for lane in open_lanes)
 
     async def notify(self) -> None:
         """Wake waiters after a limit changed."""
@@ -65,11 +87,19 @@ class Limiter(Generic[T]):
         async with self._changed:
             self.waiting += 1
             try:
-                await self._changed.wait_for(lambda: self._best() is not None)
+                while True:
+                    now = time.monotonic()
+                    lane, wait = self._best(now)
+                    if lane is not None:
+                        break
+                    if wait is None:
+                        await self._changed.wait()
+                    else:  # room, but paced: wake when the bucket allows, or earlier on a change
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._changed.wait(), wait)
             finally:
                 self.waiting -= 1
-            lane = self._best()
-            assert lane is not None
+            lane.pacer.take(now)
             lane.in_flight += 1
             lane.projected_tokens += cost
             return lane

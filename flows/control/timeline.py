@@ -82,4 +82,5 @@ def observation_from_row(row: dict[str, Any]) -> Observation:
         healthy=row["healthy"],
         free_vram_bytes=row.get("free_vram_bytes"),
         total_vram_bytes=row.get("total_vram_bytes"),
+        request_life_s=row.get("request_life_s"),
     )

@@ -158,7 +158,7 @@ async def _ask(
     sink.rows.add(row)
     tally = sink.tally
     usage = regenerated.usage
-    held[task].completed += 1
+    held[task].finished(regenerated.latency_s)
     demand.learn(usage.prompt_tokens, usage.completion_tokens)
     tally.rows += 1
     finish = str(row["finish_reason"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from flows.control.adaptive import AdaptiveLimit, Decision, LawSettings, Observation
 from flows.control.signals import ServerSample
 
@@ -33,6 +35,7 @@ def obs(
     per_request: float = 400.0,
     rate: float = 2.0,
     healthy: bool = True,
+    life: float | None = None,
 ) -> Observation:
     return Observation(
         at=at,
@@ -42,6 +45,7 @@ def obs(
         projected_tokens=per_request * in_flight,
         completions_per_s=rate,
         healthy=healthy,
+        request_life_s=life,
     )
 
 
@@ -73,16 +77,15 @@ def test_stops_growing_at_the_target_usage() -> None:
 
 
 def test_a_retraction_backs_off_below_in_flight_and_holds_growth_for_a_request_life() -> None:
-    law = AdaptiveLimit(LawSettings(initial_limit=40))
-    # first reading: the counter's baseline; 40 in flight, 4 answers a second: a request lives 10 s
-    law.observe(obs(0, server(0.7, 40, retracted=3), 40, rate=4.0))
-    # the tick of the back-off sees a lull in answers (the batch is mid-answer): the life is an average
-    decision = law.observe(obs(1, server(0.95, 40, retracted=5), 40, rate=2.0))
+    law = AdaptiveLimit(LawSettings(initial_limit=40, backoff=0.75))
+    # first reading: the counter's baseline; answered requests held their slot 12 s
+    law.observe(obs(0, server(0.7, 40, retracted=3), 40, rate=4.0, life=12.0))
+    decision = law.observe(obs(1, server(0.95, 40, retracted=5), 40, rate=2.0, life=12.0))
     assert decision.retractions == 2 and decision.reason.startswith("back off")
     assert decision.limit == 30  # 40 * 0.75
-    for at in (2, 5, 9, 12):  # room again, but held for one request life (12 s: 10 s, then 20 s once)
-        assert law.observe(obs(at, server(0.3, 30, retracted=5), 30, rate=3.0)).limit == 30
-    assert law.observe(obs(14, server(0.3, 30, retracted=5), 30, rate=3.0)).limit > 30
+    for at in (2, 5, 9, 12):  # room again, but held for one request life (until 13)
+        assert law.observe(obs(at, server(0.3, 30, retracted=5), 30, rate=3.0, life=12.0)).limit == 30
+    assert law.observe(obs(14, server(0.3, 30, retracted=5), 30, rate=3.0, life=12.0)).limit > 30
 
 
 def test_a_full_kv_cache_backs_off_even_without_a_counter() -> None:
@@ -167,23 +170,26 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
 
 
 def test_above_the_last_back_off_it_probes_each_quarter_request_life_one_request_then_twice_as_many() -> None:
-    law = AdaptiveLimit(LawSettings(initial_limit=40))
-    law.observe(obs(0, server(0.7, 40, retracted=0), 40, rate=2.0))  # every request lives 20 s
-    cut = law.observe(obs(1, server(0.95, 40, retracted=1), 40, rate=2.0))  # held until 21
+    law = AdaptiveLimit(LawSettings(initial_limit=40, backoff=0.75))
+    law.observe(obs(0, server(0.7, 40, retracted=0), 40, rate=2.0, life=20.0))  # requests live 20 s
+    cut = law.observe(obs(1, server(0.95, 40, retracted=1), 40, rate=2.0, life=20.0))  # held until 21
     assert cut.limit == 30  # the ceiling
     limits = []
     for at in range(21, 33):  # one probe per 5 s
         n = law.limit
         limits.append(
-            law.observe(obs(at, server(0.5, n, retracted=1), n, per_request=100, rate=n / 20)).limit
+            law.observe(
+                obs(at, server(0.5, n, retracted=1), n, per_request=100, rate=n / 20, life=20.0)
+            ).limit
         )
     assert limits == [31] * 5 + [33] * 5 + [37] * 2  # +1 at t=21, +2 at t=26, +4 at t=31
     # a back-off starts the probing over at one request
     n = law.limit
-    law.observe(obs(33, server(0.99, n, retracted=2), n, per_request=100, rate=n / 20))
+    law.observe(obs(33, server(0.99, n, retracted=2), n, per_request=100, rate=n / 20, life=20.0))
     n = law.limit
     after = [
-        law.observe(obs(at, server(0.5, n, retracted=2), n, per_request=100, rate=n / 20)) for at in (60, 80)
+        law.observe(obs(at, server(0.5, n, retracted=2), n, per_request=100, rate=n / 20, life=20.0))
+        for at in (60, 80)
     ]
     assert [d.limit - d.previous for d in after] == [1, 2]
 
@@ -200,7 +206,7 @@ def test_low_free_gpu_memory_backs_off_and_released_memory_is_a_restart() -> Non
 
 
 def test_one_back_off_per_event_while_the_requests_above_the_limit_drain() -> None:
-    law = AdaptiveLimit(LawSettings(initial_limit=60, hold_s=10.0))
+    law = AdaptiveLimit(LawSettings(initial_limit=60, hold_s=10.0, backoff=0.75))
     law.observe(obs(0, server(0.9, 60, retracted=0), 60, per_request=100))
     assert law.observe(obs(1, server(0.99, 60, retracted=2), 60, per_request=100)).limit == 45
     # the stale gauges still say full and the counter still climbs, but 60 are still draining to 45
@@ -212,3 +218,30 @@ def test_one_back_off_per_event_while_the_requests_above_the_limit_drain() -> No
     assert same.limit == 45 and "before the cut" in same.reason
     # once in flight is down to the limit and it is still full, that is a new event
     assert law.observe(obs(4, server(0.99, 45, retracted=8), 45, per_request=100)).limit == 33
+
+
+def test_admissions_are_unpaced_in_the_slow_start_and_paced_at_the_limits_turnover_after() -> None:
+    settings = LawSettings(initial_limit=40, pace_factor=1.1)
+    law = AdaptiveLimit(settings)
+    first = law.observe(replace(obs(0, server(0.3, 40), 40), request_life_s=10.0))
+    assert first.pace_per_s is None  # slow start: nothing to spread yet
+    law.observe(obs(1, server(0.999, 40), 40))  # a full cache ends the slow start
+    last = law.observe(replace(obs(2, server(0.7, 30), 30), request_life_s=10.0))
+    # requests hold their slot 10 s: the limit turns over limit / 10 s, admissions may run 10 % faster
+    assert last.pace_per_s == pytest.approx(1.1 * last.limit / 10.0)
+    assert last.pace_burst == max(2.0, last.limit * settings.pace_burst_share)
+    assert last.request_life_s == 10.0  # recorded, so a replay paces the same
+
+
+def test_no_pacing_while_the_endpoint_is_down_or_before_any_answer() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40))
+    law.observe(obs(0, server(0.999, 40), 40))
+    assert law.observe(obs(1, server(0.5, 30), 30)).pace_per_s is None  # no answer yet
+    down = replace(obs(2, None, 30, healthy=False), request_life_s=10.0)
+    assert law.observe(down).pace_per_s is None
+
+
+def test_pacing_turned_off_admits_at_once() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=40, pace_factor=None))
+    law.observe(obs(0, server(0.999, 40), 40))
+    assert law.observe(obs(1, server(0.5, 30), 30, life=10.0)).pace_per_s is None

@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 from flows.config import ConfigError, fingerprint, load_config, parse_config
+from flows.control.adaptive import LawSettings
+from flows.control.wiring import law_settings
 
 BASE = {
     "run": {"name": "r1"},
@@ -152,6 +154,13 @@ def test_concurrency_limit_means_fixed_and_contradictions_are_config_errors() ->
     ]:
         with pytest.raises(ConfigError, match=words):
             parse_config(_with(concurrency=bad))
+
+
+def test_admissions_are_paced_unless_turned_off() -> None:
+    paced = law_settings(parse_config(_with()).concurrency)
+    assert paced.pace_factor == LawSettings().pace_factor and paced.pace_factor is not None
+    unpaced = law_settings(parse_config(_with(concurrency={"pace_admissions": False})).concurrency)
+    assert unpaced.pace_factor is None
 
 
 def test_endpoints_do_not_stream_unless_asked() -> None:

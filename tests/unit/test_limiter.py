@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from flows.control.limit import FixedLimit
 from flows.control.limiter import Lane, Limiter
@@ -58,3 +59,43 @@ async def test_a_lowered_limit_holds_new_requests_until_in_flight_drains() -> No
     assert not waiter.done()  # 1 in flight == new limit
     await limiter.release(second)
     await asyncio.wait_for(waiter, 1)
+
+
+async def test_a_paced_lane_spreads_admissions_and_another_lane_takes_the_rest() -> None:
+    paced: Lane[str] = Lane("paced", FixedLimit(10))
+    limiter: Limiter[str] = Limiter([paced])
+    paced.pacer.set(20.0, burst=2.0, now=time.monotonic())
+    started = time.monotonic()
+    for _ in range(6):
+        await limiter.acquire()
+    # two at once from the bucket, then four at 20 a second: at least 0.2 s
+    assert time.monotonic() - started >= 0.19
+
+    free: Lane[str] = Lane("free", FixedLimit(10))
+    both: Limiter[str] = Limiter([Lane("slow", FixedLimit(10)), free])
+    both.lanes[0].pacer.set(0.01, burst=1.0, now=time.monotonic())
+    got = [(await asyncio.wait_for(both.acquire(), 1)).endpoint for _ in range(5)]
+    assert got.count("slow") == 1  # its one token, then the unpaced lane takes every admission
+
+
+async def test_a_release_wakes_a_waiter_blocked_on_pacing_too() -> None:
+    lane: Lane[str] = Lane("a", FixedLimit(1))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.pacer.set(1000.0, burst=1.0, now=time.monotonic())
+    first = await limiter.acquire()
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # the lane is full
+    await limiter.release(first)
+    await asyncio.wait_for(waiter, 1)
+
+
+def test_a_lanes_request_life_is_the_mean_of_its_first_answers_then_a_moving_average() -> None:
+    lane: Lane[str] = Lane("a", FixedLimit(1))
+    assert lane.life_s is None
+    lane.finished(2.0)
+    lane.finished(4.0)
+    assert lane.completed == 2 and lane.life_s == 3.0
+    for _ in range(200):
+        lane.finished(10.0)
+    assert 9.9 < lane.life_s < 10.0  # follows a shift to longer answers

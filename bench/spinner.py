@@ -1,0 +1,27 @@
+"""A nice-19 busy loop pinned to the client's core, kept running for every setting of a benchmark.
+
+Why: these machines are VMs, and a server whose threads sleep between steps (OpenMP passive wait)
+wakes slowly on a halted vCPU. An idle client core therefore slows the server, and a thrifty client
+would measure slower than a wasteful, busy-waiting one. With the spinner every setting sees the same
+busy core (see ``../shared/engines/README.md``); at nice 19 it takes only what nothing else wants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def busy_core(core: int) -> Iterator[None]:
+    spinner = subprocess.Popen(
+        ["taskset", "-c", str(core), "nice", "-n", "19", sys.executable, "-c", "while True: pass"],
+        start_new_session=True,
+    )
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()

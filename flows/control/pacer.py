@@ -1,0 +1,57 @@
+"""Admission pacing: a token bucket that spreads a lane's admissions over time.
+
+Why: when every answer runs to the same length, requests admitted together finish together, and
+every freed slot refilled at once keeps a burst a burst for the rest of the run. KV usage then swings
+once per request life (from about half full to full), every peak is a back-off, and the number in
+flight that keeps the peaks under full leaves the cache a quarter empty on average. Admitting at
+most ``rate_per_s`` (a little above the completion rate) with a small ``burst`` lets ordinary
+completions refill at once but spreads a burst's refills, so ages drift apart over a few lives.
+
+Pure: time is passed in, so the bucket is tested without a clock. ``rate_per_s`` None means no
+pacing (a fixed limit, the slow start, or before the first answers come back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Pacer:
+    rate_per_s: float | None = None
+    burst: float = 1.0
+    _tokens: float = 0.0
+    _at: float | None = None
+
+    def set(self, rate_per_s: float | None, burst: float, now: float) -> None:
+        """A new rate and bucket size; the tokens earned so far are kept (up to the new size)."""
+        self._refill(now)
+        if self.rate_per_s is None and rate_per_s is not None:
+            self._tokens = burst  # pacing starts with a full bucket: nothing waits at the switch
+        self.rate_per_s, self.burst = rate_per_s, max(burst, 1.0)
+
+    def grant(self, admissions: int) -> None:
+        """Let ``admissions`` more through at once, beyond the bucket: a raised limit's new room is
+        filled now (growth is the law's decision, and already bounded by it); only refills of
+        completed requests are paced."""
+        if self.rate_per_s is not None and admissions > 0:
+            self._tokens = max(self._tokens, 0.0) + admissions
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until one admission is allowed (0: now)."""
+        if self.rate_per_s is None:
+            return 0.0
+        self._refill(now)
+        return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate_per_s
+
+    def take(self, now: float) -> None:
+        """Spend one admission (call only after ``wait_s`` said 0)."""
+        if self.rate_per_s is not None:
+            self._refill(now)
+            self._tokens -= 1.0
+
+    def _refill(self, now: float) -> None:
+        if self._at is not None and self.rate_per_s is not None:
+            earned = self._tokens + (now - self._at) * self.rate_per_s
+            self._tokens = max(self._tokens, min(self.burst, earned))  # a grant above the bucket stays
+        self._at = now
