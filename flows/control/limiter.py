@@ -69,13 +69,13 @@ class Limiter(Generic[T]):
     def _best(self, now: float) -> tuple[Lane[T] | None, float | None]:
         """The lane with the most room whose pacer admits now; else how long until a paced lane
         would (None: no lane has room, wait for a release or a new limit)."""
-        open_lanes = [lane for lane in self.lanes if lane.room > 0]
-        if not open_lanes:
+        waits = [(lane.pacer.wait_s(now), lane) for lane in self.lanes if lane.room > 0]
+        if not waits:
             return None, None
-        ready = [lane for lane in open_lanes if lane.pacer.wait_s(now) == 0.0]
+        ready = [lane for wait, lane in waits if wait == 0.0]
         if ready:
             return max(ready, key=lambda candidate: candidate.room), None
-        return None, min(lane.pacer.wait_s(now) for lane in open_lanes)
+        return None, min(wait for wait, _ in waits)
 
     async def notify(self) -> None:
         """Wake waiters after a limit changed."""

@@ -24,7 +24,8 @@ class Pacer:
     _at: float | None = None
 
     def set(self, rate_per_s: float | None, burst: float, now: float) -> None:
-        """A new rate and bucket size; the tokens earned so far are kept (up to the new size)."""
+        """A new rate and bucket size; the tokens earned so far are kept (a grant above the bucket
+        included: it is spent, never trimmed)."""
         self._refill(now)
         if self.rate_per_s is None and rate_per_s is not None:
             self._tokens = burst  # pacing starts with a full bucket: nothing waits at the switch
