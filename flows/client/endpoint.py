@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -59,6 +60,7 @@ from flows.client.sampling import SamplingParams
 from sglang_launch.probe import tls_context
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 OnAttemptFailed = Callable[[TransientRequestError], None]
 
 # Sent when the server needs no key: without it the SDK would fall back to $OPENAI_API_KEY and
@@ -69,6 +71,10 @@ _NO_KEY = "EMPTY"
 _REQUEST_FAILURES = (openai.OpenAIError, aiohttp.ClientError, TimeoutError, RequestError)
 # The SDK's pool serves only the model listing; the chat pool is ours.
 _SDK_CONNECTIONS = 4
+# SGLang and vLLM (uvicorn) close a connection idle for 5 s. Reusing one they are closing fails the
+# request ("Server disconnected", "Can not write request body": seen on the CPU vLLM after each
+# back-off left connections idle), so the pool drops idle connections first.
+_KEEPALIVE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -227,7 +233,9 @@ class EndpointClient:
     def _session(self) -> aiohttp.ClientSession:
         """The chat pool, made on first use (an aiohttp session belongs to the running loop)."""
         if self._chat_session is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=tls_context(self._ca_bundle))
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, ssl=tls_context(self._ca_bundle), keepalive_timeout=_KEEPALIVE_S
+            )
             self._chat_session = aiohttp.ClientSession(connector=connector, timeout=self._chat_timeout)
         return self._chat_session
 
@@ -292,8 +300,11 @@ class EndpointClient:
         # Raised outside the except block so the SDK exception (whose text may hold the key)
         # is not chained onto ours.
         error.attempts = attempt
-        if isinstance(error, TransientRequestError) and self._on_attempt_failed is not None:
-            self._on_attempt_failed(error)
+        if isinstance(error, TransientRequestError):
+            # quiet by default (INFO); a run that retries much says why with -v
+            log.info("%s: %s; retried while attempts remain", self._endpoint, error)
+            if self._on_attempt_failed is not None:
+                self._on_attempt_failed(error)
         raise error
 
 
