@@ -69,7 +69,12 @@ class Limiter(Generic[T]):
     def _best(self, now: float) -> tuple[Lane[T] | None, float | None]:
         """The lane with the most room whose pacer admits now; else how long until a paced lane
         would (None: no lane has room, wait for a release or a new limit)."""
-        waits = [(lane.pacer.wait_s(now), lane) for lane in self.lanes if lane.room > 0]
+        waits = []
+        for lane in self.lanes:
+            if lane.room > 0:
+                waits.append((lane.pacer.wait_s(now), lane))
+            else:
+                lane.pacer.forget_waiter()
         if not waits:
             return None, None
         ready = [lane for wait, lane in waits if wait == 0.0]

@@ -99,3 +99,24 @@ def test_a_lanes_request_life_is_the_mean_of_its_first_answers_then_a_moving_ave
     for _ in range(200):
         lane.finished(10.0)
     assert 9.9 < lane.life_s < 10.0  # follows a shift to longer answers
+
+
+async def test_a_paced_waiter_woken_late_takes_what_it_was_owed_in_one_go() -> None:
+    """The event loop wakes the waiter late (here: blocked for 1 s): the admissions due in that time
+    go through when it wakes, not one bucket per wake-up (which would take 0.8 s more here)."""
+    lane: Lane[str] = Lane("paced", FixedLimit(50))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.pacer.set(10.0, burst=2.0, now=time.monotonic())
+    for _ in range(2):
+        await limiter.acquire()  # the bucket
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)  # it waits 0.1 s for the next token ...
+    time.sleep(1.0)  # ... and the loop is busy for a second
+    await waiter
+
+    async def owed() -> None:
+        for _ in range(8):
+            await limiter.acquire()
+
+    await asyncio.wait_for(owed(), timeout=0.2)
+    assert lane.in_flight == 11
