@@ -3,13 +3,17 @@
     uv run python -m bench.adaptive_concurrency [--settings 8,16,32,64,128,256,adaptive] [--repeats 2]
         [--prompts 300] [--max-tokens 64,256] [--max-total-tokens 16384] [--max-running 64] [--engine sglang]
 
-One server for the whole invocation (``../shared/engines/serve.sh``; SGLang's OpenMP threads on core
-0), the client pinned to core 1 with a nice-19 spinner on that core in every setting alike (see
-``../shared/engines/README.md``: an idle client core slows the server). Each run is a fresh
+One server for the whole invocation (``../shared/engines/serve.sh``), all its processes pinned to
+core 0, and the client pinned to core 1 with a nice-19 spinner on that core in every setting alike
+(see ``../shared/engines/README.md``: an idle client core slows the server). Unpinned, vLLM's
+engine and API processes wander onto the client's core, and a client woken a second late looks like
+a slow controller. Each run is a fresh
 ``datagen run --no-prefect`` of the same prompts, in two categories with different ``max_tokens``.
 Settings run in an interleaved order (A B C ..., then rotated), repeated; the table shows medians:
 
-- output tok/s from the server's own generation-token counter over the run's wall time;
+- output tok/s: the server's own generation-token counter over the seconds the run generated
+  (``summary.json``'s ``seconds``: from the first prompt read to the end, without the process's
+  start-up, which is the same for every setting and would pull every ratio towards 1);
 - retractions (SGLang) or preemptions (vLLM) per 1,000 requests, from the server's counter;
 - starved: share of 1 s samples in which the server queue was empty while KV usage was < 0.8;
 - p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
@@ -97,7 +101,7 @@ def start_server(engine: str, port: int, args: argparse.Namespace, log: Path) ->
     env = {**os.environ, "MAX_TOTAL_TOKENS": str(args.max_total_tokens), "MAX_RUNNING": str(args.max_running)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            ["bash", str(ENGINES / "serve.sh"), engine, str(port), str(MODEL)],
+            ["taskset", "-c", "0", "bash", str(ENGINES / "serve.sh"), engine, str(port), str(MODEL)],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -162,13 +166,13 @@ def one_run(url: str, config: Path, run_dir: Path, requests: int, poll_hz: float
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     poller = Poller(url, poll_hz)
     poller.start()
-    started = time.monotonic()
     result = subprocess.run(
-        ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"],
+        ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect", "-v"],
         capture_output=True,
         check=False,
     )
-    wall = time.monotonic() - started
+    run_dir.mkdir(parents=True, exist_ok=True)  # its log (limit changes, retried attempts) by its data
+    (run_dir / "datagen.log").write_bytes(result.stdout + result.stderr)
     poller.stop.set()
     poller.join()
     usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -185,7 +189,7 @@ def one_run(url: str, config: Path, run_dir: Path, requests: int, poll_hz: float
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
     return Outcome(
-        tok_s=generated / wall,
+        tok_s=generated / json.loads((run_dir / "summary.json").read_text())["seconds"],
         retractions_per_1k=1000 * retractions / max(requests, 1),
         starved=len(starved) / max(len(samples), 1),
         p50=latencies[len(latencies) // 2] if latencies else 0.0,
