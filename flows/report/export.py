@@ -44,15 +44,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from datasets import Dataset, load_from_disk
 
 from flows.store.location import local_path
 from flows.store.parts import part_of_file
 from flows.store.run_store import TMP_PREFIX, RunStore, atomic_file, fsync_dir
-from flows.store.schema import ROW_FEATURES
+
+if TYPE_CHECKING:  # datasets costs about a second to import: only the HF export needs it
+    from datasets import Dataset
 
 EXPORTS_DIR = "exports"
 BATCH_ROWS = 1024
@@ -294,6 +295,10 @@ def _build_dataset(rows: Iterator[dict[str, Any]], cache_dir: Path) -> Dataset:
     ``from_generator`` writes Arrow as rows arrive (constant memory) but refuses an empty
     generator, hence the peek. The explicit fingerprint skips hashing the generator's closure.
     """
+    from datasets import Dataset
+
+    from flows.store.schema import ROW_FEATURES
+
     first = next(rows, None)
     if first is None:
         return Dataset.from_dict({name: [] for name in ROW_FEATURES}, features=ROW_FEATURES)
@@ -327,4 +332,6 @@ def export_hf(
 def push_export(path: Path, repo_id: str, private: bool = False) -> None:
     """Push a saved export to the Hub. The token comes from HF_TOKEN or ``hf auth login`` and is never
     passed or printed here; ``private=None`` without --private lets the Hub's default apply."""
+    from datasets import load_from_disk
+
     load_from_disk(str(path)).push_to_hub(repo_id, private=True if private else None)

@@ -15,7 +15,7 @@ from typing import Any
 from flows.client.sampling import SamplingParams
 from flows.run.quality import quality_flags
 from flows.run.regen import Regenerated
-from flows.store.schema import normalize_message
+from flows.store.shard_schema import normalize_message
 from prompts.records import PromptRecord
 
 DETAIL_LIMIT = 2000

@@ -33,12 +33,11 @@ from typing import IO, Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasets import Features
 from fsspec.implementations.local import LocalFileSystem
 
 from flows.store.location import check_location
 from flows.store.parts import Part
-from flows.store.schema import REJECT_FEATURES, ROW_FEATURES, arrow_schema
+from flows.store.shard_schema import shard_schema
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +154,12 @@ class ShardWriter:
     """
 
     def __init__(
-        self, store: RunStore, folder: str, features: Features, *, flush_rows: int, flush_seconds: float
+        self, store: RunStore, folder: str, schema: pa.Schema, *, flush_rows: int, flush_seconds: float
     ) -> None:
         self.store = store
         self.folder = folder
         self._prefix = f"{store.part.label}-" if store.part is not None else "part-"
-        self._schema = arrow_schema(features)
+        self._schema = schema
         self._flush_rows = flush_rows
         self._flush_seconds = flush_seconds
         self._rows: list[dict[str, Any]] = []
@@ -408,14 +407,18 @@ class RunStore:
     # -- writing ---------------------------------------------------------------------------------
     def row_writer(self, category: str, *, flush_rows: int, flush_seconds: float) -> ShardWriter:
         return ShardWriter(
-            self, self.data_dir(category), ROW_FEATURES, flush_rows=flush_rows, flush_seconds=flush_seconds
+            self,
+            self.data_dir(category),
+            shard_schema("row"),
+            flush_rows=flush_rows,
+            flush_seconds=flush_seconds,
         )
 
     def reject_writer(self, category: str, *, flush_rows: int, flush_seconds: float) -> ShardWriter:
         return ShardWriter(
             self,
             self.rejects_dir(category),
-            REJECT_FEATURES,
+            shard_schema("reject"),
             flush_rows=flush_rows,
             flush_seconds=flush_seconds,
         )

@@ -1,15 +1,17 @@
 """Declared ``datasets.Features`` for output rows and rejects (the contract in DESIGN.md).
 
+The shard writers read the Arrow schemas made from these from files (``shard_schema.py``), so a
+run does not import ``datasets``; after changing a feature here, run ``python -m flows.store.schema``.
+
 Declaring the schema (instead of letting Arrow infer it per shard) keeps every shard identical, so
 ``load_dataset("parquet", data_dir=...)`` never fails on a shard whose first row had a null column.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import pyarrow as pa
 from datasets import Features, List, Value
+
+from flows.store.shard_schema import SCHEMA_FILES
 
 TOOL_CALL = {
     "id": Value("string"),
@@ -76,30 +78,16 @@ REJECT_FEATURES = Features(
     }
 )
 
-MESSAGE_KEYS = tuple(MESSAGE)
+SHARD_FEATURES = {"row": ROW_FEATURES, "reject": REJECT_FEATURES}
 
 
-def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
-    """Every message with every schema key, so Arrow sees one struct shape."""
-    out = {key: message.get(key) for key in MESSAGE_KEYS}
-    calls = out["tool_calls"]
-    if calls:
-        out["tool_calls"] = [
-            {
-                "id": call.get("id"),
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": call.get("function", {}).get("name"),
-                    "arguments": call.get("function", {}).get("arguments"),
-                },
-            }
-            for call in calls
-        ]
-    else:
-        out["tool_calls"] = None
-    return out
+def write_schema_files() -> None:
+    """Rewrite the Arrow schema files the shard writers read (``flows.store.shard_schema``)."""
+    for kind, features in SHARD_FEATURES.items():
+        path = SCHEMA_FILES[kind]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(features.arrow_schema.serialize().to_pybytes())
 
 
-def arrow_schema(features: Features) -> pa.Schema:
-    """The Arrow schema with the HF features metadata embedded, so loaders restore ``Features``."""
-    return features.arrow_schema
+if __name__ == "__main__":
+    write_schema_files()

@@ -15,7 +15,7 @@ import pytest
 from engine_support import SGLANG_PYTHON, TINY_MODEL
 
 from flows.report.export import Reasoning, specforge_record
-from flows.store.schema import normalize_message
+from flows.store.shard_schema import normalize_message
 
 SPECFORGE_SRC = Path(os.environ.get("SPECFORGE_SRC", "/nonexistent"))
 SCRIPT = Path(__file__).parents[2] / "bench" / "specforge_check.py"

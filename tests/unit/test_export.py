@@ -25,7 +25,8 @@ from flows.report.export import (
 )
 from flows.report.trainer_templates import SystemPromptCheck, template_warning, unchecked_hint
 from flows.store.run_store import RunStore
-from flows.store.schema import ROW_FEATURES, normalize_message
+from flows.store.schema import ROW_FEATURES
+from flows.store.shard_schema import normalize_message
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 TOOLS_JSON = json.dumps(TOOLS)
