@@ -126,10 +126,9 @@ def stream_child(path: Path, rows: int) -> dict[str, Any]:
     """Stream ``rows`` rows of ``path`` through ``category_items``, as a run's category does."""
     # Imported here: the naive child must not carry the pipeline's imports in its baseline.
     from flows.config import CategoryConfig
-    from flows.run.prompt_stream import StreamCounts, category_items, source_rows
+    from flows.run.prompt_stream import Ask, StreamCounts, category_items, source_rows
     from flows.store.run_store import CategoryState
     from prompts.dedup import DedupIndex, prompt_key
-    from prompts.records import PromptRecord
 
     category = CategoryConfig(name="bench", source=str(path), format="messages")
     counts, dedup = StreamCounts(), DedupIndex()
@@ -137,9 +136,9 @@ def stream_child(path: Path, rows: int) -> dict[str, Any]:
     started = time.perf_counter()
     opened = islice(source_rows(category), rows)
     for item in category_items(category, CategoryState(), counts, opened, dedup=dedup):
-        if isinstance(item, PromptRecord):
+        if isinstance(item, Ask):
             taken += 1
-            id_bytes += sys.getsizeof(item.id)
+            id_bytes += sys.getsizeof(item.record.id)
     seconds = time.perf_counter() - started
     peak = peak_rss_bytes()
     kept = id_structures_bytes(taken, id_bytes, len(dedup), sys.getsizeof(prompt_key([])))

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from flows.config import CategoryConfig, ConfigError, load_config
-from flows.run.prompt_stream import MostlyRejected, Rows, StreamCounts, category_items, source_rows
+from flows.run.prompt_stream import Ask, MostlyRejected, Rows, StreamCounts, category_items, source_rows
 from flows.run.regen import first_turn
 from flows.store.run_store import CategoryState
 from prompts.categories import category_file, known_categories, load_category
@@ -197,11 +197,11 @@ def build_preview(
     notes = [measure.note] if measure.note else []
     try:
         for item in items:
-            if not isinstance(item, PromptRecord):
+            if not isinstance(item, Ask):
                 continue
             if len(taken) < examples:
-                taken.append(example(item))
-            lengths.append(measure.count(prompt_text(item)))
+                taken.append(example(item.record))
+            lengths.append(measure.count(prompt_text(item.record)))
     except MostlyRejected as error:  # a run would stop this category here: say so, keep the counts
         notes.append(f"a run would stop this category: {error}")
     if counts.read >= rows_cap:

@@ -11,10 +11,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from flows.run.prompt_stream import MostlyRejected, Reject, category_items, take
+from flows.run.prompt_stream import Ask, MostlyRejected, Reject, category_items, take
 from flows.run.pump import RunAborted, pump_shard
 from flows.run.session import RunSession
-from prompts.records import PromptRecord
 
 ShardRunner = Callable[[str, int], Coroutine[Any, Any, None]]
 """(category, shard index) -> shard done. Prefect's task or ``Pipeline.run_shard`` itself."""
@@ -32,7 +31,7 @@ class Pipeline:
 
     def __init__(self, session: RunSession) -> None:
         self.session = session
-        self._shards: dict[tuple[str, int], list[PromptRecord | Reject]] = {}
+        self._shards: dict[tuple[str, int], list[Ask | Reject]] = {}
 
     async def run_shard(self, category: str, index: int) -> None:
         """Pump one shard; its items were parked by ``run_category``."""

@@ -84,6 +84,14 @@ class Reject:
     row: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A record to ask, with its dedup key (its rows' ``prompt_hash``), hashed once when claimed."""
+
+    record: PromptRecord
+    prompt_hash: str
+
+
 def dedup_key(record: PromptRecord, category: CategoryConfig) -> str:
     """What is asked: the first turn in ``first_turn`` mode, every user/system turn otherwise."""
     if category.mode == "first_turn":
@@ -177,7 +185,7 @@ def category_items(
     dedup: DedupIndex | None = None,
     rows_again: Callable[[], Rows] | None = None,
     part: Part | None = None,
-) -> Iterator[PromptRecord | Reject]:
+) -> Iterator[Ask | Reject]:
     """Records still to ask, and conversion rejects not yet recorded, in source order.
 
     ``rows_again`` re-opens the source for a count quota's extra pass (defaults to re-reading it).
@@ -237,7 +245,8 @@ def category_items(
             else:
                 counts.other_parts += 1
             continue
-        owner = index_.claim(dedup_key(item, category), category.name)
+        key = dedup_key(item, category)
+        owner = index_.claim(key, category.name)
         if owner is not None:
             counts.duplicates += 1
             if owner != category.name:
@@ -248,7 +257,7 @@ def category_items(
             counts.other_parts += 1
             continue
         counts.yielded += 1
-        yield item
+        yield Ask(item, key)
     counts.exhausted = True
 
 
@@ -265,6 +274,6 @@ def check_early_rejects(category: CategoryConfig, counts: StreamCounts) -> None:
     )
 
 
-def take(items: Iterator[PromptRecord | Reject], size: int) -> list[PromptRecord | Reject]:
+def take(items: Iterator[Ask | Reject], size: int) -> list[Ask | Reject]:
     """The next shard of at most ``size`` items (an empty list when the stream is done)."""
     return list(islice(items, size))

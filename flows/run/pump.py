@@ -19,7 +19,7 @@ from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
 from flows.control.demand import CategoryDemand
 from flows.control.limiter import Lane, Limiter
-from flows.run.prompt_stream import Reject, dedup_key
+from flows.run.prompt_stream import Ask, Reject
 from flows.run.quality import TRUNCATED
 from flows.run.regen import regenerate
 from flows.run.rows import output_row, reject_row
@@ -116,6 +116,7 @@ async def _ask(
     sink: CategorySink,
     patience: Patience,
     demand: Demand,
+    prompt_hash: str,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
 
@@ -128,7 +129,6 @@ async def _ask(
     """
     task = asyncio.current_task()
     assert task is not None
-    prompt_hash = dedup_key(record, category)
     for round_ in range(RECOVERY_ROUNDS):
         lane = held[task]
         client, guard = lane.endpoint.client, lane.endpoint.guard
@@ -198,7 +198,7 @@ def _reject(
 
 
 async def pump_shard(
-    items: Sequence[PromptRecord | Reject],
+    items: Sequence[Ask | Reject],
     *,
     limiter: Limiter[Endpoint],
     category: CategoryConfig,
@@ -218,11 +218,11 @@ async def pump_shard(
     fatal: list[FatalEndpointError] = []
     stop = asyncio.Event()
 
-    async def run(record: PromptRecord, need: Demand) -> None:
+    async def run(item: Ask, need: Demand) -> None:
         task = asyncio.current_task()
         assert task is not None
         try:
-            await _ask(record, held, limiter, category, sampling, sink, patience, need)
+            await _ask(item.record, held, limiter, category, sampling, sink, patience, need, item.prompt_hash)
         except FatalEndpointError as error:
             fatal.append(error)
             stop.set()
@@ -241,7 +241,7 @@ async def pump_shard(
                 sink.tally.count_reject(item.row["reason"])
                 continue
             sink.tally.queued += 1
-            need = Demand.of(demand, item)
+            need = Demand.of(demand, item.record)
             lane = await limiter.acquire(need.cost)
             task = asyncio.create_task(run(item, need))
             held[task] = lane  # before the task first runs: create_task only schedules it

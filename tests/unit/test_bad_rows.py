@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from flows.config import CategoryConfig
-from flows.run.prompt_stream import Reject, StreamCounts, category_items
+from flows.run.prompt_stream import Ask, Reject, StreamCounts, category_items
 from flows.store.run_store import CategoryState
 from prompts import formats
-from prompts.records import PromptRecord
 
 CATEGORY = CategoryConfig(name="chat", source="unused.jsonl", format="messages")
 GOOD = {"messages": [{"role": "user", "content": "after the bad one"}]}
@@ -21,7 +20,7 @@ def _outcome(bad: dict[str, Any], category: CategoryConfig = CATEGORY) -> tuple[
     """Reject reasons of a stream of one bad row then one good row, and how many records came out."""
     items = list(category_items(category, CategoryState(), StreamCounts(), rows=[(0, bad), (1, GOOD)]))
     reasons = [i.row["reason"] for i in items if isinstance(i, Reject)]
-    return reasons, sum(isinstance(i, PromptRecord) for i in items)
+    return reasons, sum(isinstance(i, Ask) for i in items)
 
 
 def _with_tools(tools: Any) -> dict[str, Any]:

@@ -3,11 +3,18 @@ from __future__ import annotations
 import pytest
 
 from flows.config import CategoryConfig
-from flows.run.prompt_stream import EARLY_ROWS, MostlyRejected, Reject, StreamCounts, category_items, take
+from flows.run.prompt_stream import (
+    EARLY_ROWS,
+    Ask,
+    MostlyRejected,
+    Reject,
+    StreamCounts,
+    category_items,
+    take,
+)
 from flows.store.parts import Part
 from flows.store.run_store import CategoryState
 from prompts.dedup import DedupIndex
-from prompts.records import PromptRecord
 
 
 def _rows(n: int, start: int = 0) -> list[tuple[int, dict]]:
@@ -25,14 +32,14 @@ def test_stream_skips_done_ids_counts_them_and_respects_the_limit() -> None:
     limited = CATEGORY.model_copy(update={"limit": 6})
     state = CategoryState(row_ids={"r1", "r2"}, final_reject_ids={"r3"})
     items = list(category_items(limited, state, counts, rows=_rows(20)))
-    assert [i.id for i in items if isinstance(i, PromptRecord)] == ["r0", "r4", "r5"]
+    assert _ids(items) == ["r0", "r4", "r5"]
     assert (counts.read, counts.converted, counts.already_done) == (6, 6, 3)
 
 
 def test_retryable_rejects_are_asked_again() -> None:
     state = CategoryState(retryable_reject_ids={"r0"})
     items = list(category_items(CATEGORY, state, StreamCounts(), rows=_rows(2)))
-    assert [i.id for i in items if isinstance(i, PromptRecord)] == ["r0", "r1"]
+    assert _ids(items) == ["r0", "r1"]
 
 
 def test_duplicate_rows_are_asked_once_and_counted() -> None:
@@ -68,7 +75,7 @@ def test_take_cuts_shards_lazily() -> None:
 
 
 def _ids(items: list) -> list[str]:
-    return [i.id for i in items if isinstance(i, PromptRecord)]
+    return [i.record.id for i in items if isinstance(i, Ask)]
 
 
 def test_fraction_quota_is_stable_whatever_the_order() -> None:
@@ -149,8 +156,9 @@ def test_system_prompt_override_and_tools_off() -> None:
     cat = CategoryConfig(
         name="c", source="x.jsonl", format="messages", system_prompt="Be brief.", send_tools=False
     )
-    (record,) = list(category_items(cat, CategoryState(), StreamCounts(), rows=rows))
-    assert isinstance(record, PromptRecord)
+    (item,) = list(category_items(cat, CategoryState(), StreamCounts(), rows=rows))
+    assert isinstance(item, Ask)
+    record = item.record
     assert record.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     assert record.tools is None
 
@@ -167,7 +175,7 @@ def test_a_category_maps_column_names_to_the_formats() -> None:
     items = list(
         category_items(sharegpt, CategoryState(), StreamCounts(), rows=_role_content_rows(3, "dialogue"))
     )
-    assert [(i.id, i.messages) for i in items if isinstance(i, PromptRecord)] == [
+    assert [(i.record.id, i.record.messages) for i in items if isinstance(i, Ask)] == [
         (f"s{n}", [{"role": "user", "content": f"q{n}"}]) for n in range(3)
     ]
 

@@ -12,7 +12,7 @@ from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
 from flows.control.limit import FixedLimit, GuardedLimit
 from flows.control.limiter import Lane, Limiter
-from flows.run.prompt_stream import Reject
+from flows.run.prompt_stream import Ask, Reject, dedup_key
 from flows.run.pump import CategorySink, RunAborted, Tally, pump_shard
 from flows.run.rows import reject_row
 from flows.store.run_store import RunStore
@@ -87,8 +87,8 @@ def _lanes(*clients: FakeClient, limit: int, comes_back: bool = True) -> Limiter
     return Limiter(lanes)
 
 
-def _record(i: int, text: str) -> PromptRecord:
-    return PromptRecord(
+def _item(i: int, text: str) -> Ask:
+    record = PromptRecord(
         id=f"p{i}",
         category="c",
         source=SourceRef("d", "train", i),
@@ -99,6 +99,7 @@ def _record(i: int, text: str) -> PromptRecord:
             {"role": "user", "content": "follow-up"},
         ],
     )
+    return Ask(record, dedup_key(record, CATEGORY))
 
 
 CATEGORY = CategoryConfig(name="c", source="x.jsonl", format="messages")
@@ -118,7 +119,7 @@ async def test_every_prompt_ends_as_one_row_or_one_reject(tmp_path: Path) -> Non
     limiter = _lanes(client, limit=4)
     sink = _sink(tmp_path)
     texts = ["ok"] * 20 + ["bad", "flaky", "long"]
-    items: list = [_record(i, t) for i, t in enumerate(texts)]
+    items: list = [_item(i, t) for i, t in enumerate(texts)]
     items.append(
         Reject(
             reject_row(
@@ -154,7 +155,7 @@ async def test_fatal_endpoint_error_aborts_without_rejecting(tmp_path: Path) -> 
     client = FakeClient()
     limiter = _lanes(client, limit=2)
     sink = _sink(tmp_path)
-    items = [_record(0, "key")] + [_record(i, "ok") for i in range(1, 50)]
+    items = [_item(0, "key")] + [_item(i, "ok") for i in range(1, 50)]
     with pytest.raises(RunAborted, match="401"):
         await pump_shard(
             items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
@@ -172,7 +173,7 @@ async def test_exhausted_retries_during_an_outage_are_asked_again_once_the_serve
     limiter = _lanes(client, limit=1)
     sink = _sink(tmp_path)
     sampling = SamplingParams(max_tokens=8)
-    await pump_shard([_record(0, "outage")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
+    await pump_shard([_item(0, "outage")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
     assert sink.tally.rows == 1 and sink.tally.rejects == 0 and sink.tally.recovered == 2
     guard = limiter.lanes[0].endpoint.guard
     assert guard.asked == 2
@@ -183,7 +184,7 @@ async def test_a_prompt_failing_on_a_healthy_server_ends_as_a_retryable_reject(t
     limiter = _lanes(client, limit=1)
     sink = _sink(tmp_path)
     sampling = SamplingParams(max_tokens=8)
-    await pump_shard([_record(0, "flaky")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
+    await pump_shard([_item(0, "flaky")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
     (reject,) = sink.rejects._rows
     assert reject["retryable"] is True
     assert limiter.lanes[0].endpoint.guard.asked == 2  # asked again twice, then gave up (3 rounds)
@@ -194,7 +195,7 @@ async def test_a_lone_endpoint_gone_for_good_stops_the_run_instead_of_rejecting(
     client.outages = 10**6
     limiter = _lanes(client, limit=4, comes_back=False)
     sink = _sink(tmp_path)
-    items = [_record(i, "ok") for i in range(3)] + [_record(i, "outage") for i in range(3, 40)]
+    items = [_item(i, "ok") for i in range(3)] + [_item(i, "outage") for i in range(3, 40)]
     with pytest.raises(RunAborted, match="no endpoint has answered"):
         await pump_shard(
             items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
@@ -210,7 +211,7 @@ async def test_prompts_move_to_another_endpoint_when_theirs_goes_silent(tmp_path
     limiter = _lanes(dead, alive, limit=2)
     limiter.lanes[0].endpoint.guard.comes_back = False  # type: ignore[attr-defined]
     sink = _sink(tmp_path)
-    items = [_record(i, "outage") for i in range(20)]
+    items = [_item(i, "outage") for i in range(20)]
     await pump_shard(
         items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
     )
