@@ -108,7 +108,7 @@ def prompt_chars(record: PromptRecord) -> int:
 
 
 async def _ask(
-    record: PromptRecord,
+    item: Ask,
     held: Held,
     limiter: Limiter[Endpoint],
     category: CategoryConfig,
@@ -116,7 +116,6 @@ async def _ask(
     sink: CategorySink,
     patience: Patience,
     demand: Demand,
-    prompt_hash: str,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
 
@@ -129,6 +128,7 @@ async def _ask(
     """
     task = asyncio.current_task()
     assert task is not None
+    record, prompt_hash = item.record, item.prompt_hash
     for round_ in range(RECOVERY_ROUNDS):
         lane = held[task]
         client, guard = lane.endpoint.client, lane.endpoint.guard
@@ -222,7 +222,7 @@ async def pump_shard(
         task = asyncio.current_task()
         assert task is not None
         try:
-            await _ask(item.record, held, limiter, category, sampling, sink, patience, need, item.prompt_hash)
+            await _ask(item, held, limiter, category, sampling, sink, patience, need)
         except FatalEndpointError as error:
             fatal.append(error)
             stop.set()
