@@ -139,8 +139,9 @@ Sources = list[tuple[str, Path, int]]
 def write_config(
     path: Path, url: str, run_dir: Path, sources: Sources, setting: str, *, poll_s: float | None = None
 ) -> None:
-    """A run config of the benchmark: ``setting`` is a fixed number in flight, ``adaptive``, or
-    ``adaptive-unpaced`` (the same law admitting refills at once: the A/B of the pacer)."""
+    """A run config of the benchmark: ``setting`` is a fixed number in flight, ``adaptive``,
+    ``adaptive-unpaced`` (the same law admitting refills at once: the A/B of the pacer), or
+    ``adaptive-paceF`` (pacing at F times the limit's turnover instead of 1.1)."""
     lines = [
         f'[run]\nname = "{run_dir.name}"\noutput_dir = "{run_dir.parent}"\n',
         f'[[endpoints]]\nurl = "{url}"\nstream = false\n',
@@ -151,8 +152,10 @@ def write_config(
         lines.append(f"[concurrency]\nlimit = {int(setting)}\n")
     else:
         unpaced = "pace_admissions = false\n" if setting == "adaptive-unpaced" else ""
+        factor = setting.removeprefix("adaptive-pace")
+        paced = f"pace_factor = {float(factor)}\n" if setting.startswith("adaptive-pace") else ""
         polled = f"poll_s = {poll_s}\n" if poll_s is not None else ""
-        lines.append(f"[concurrency]\n{polled}{unpaced}")
+        lines.append(f"[concurrency]\n{polled}{unpaced}{paced}")
     for name, source, max_tokens in sources:
         lines.append(
             f'[[categories]]\nname = "{name}"\nsource = "{source}"\nformat = "messages"\n'

@@ -171,6 +171,13 @@ class ConcurrencyConfig(_Strict):
         "turns over, so a burst of answers that finish together is not admitted back as a burst; "
         "false admits at once.",
     )
+    pace_factor: float = Field(
+        default=1.1,
+        ge=1.0,
+        le=100.0,
+        description="With pacing: admissions per second as a multiple of the limit's turnover (limit / "
+        "request life). Higher spreads less and binds less when the measured life runs long.",
+    )
 
     @field_validator("vram")
     @classmethod

@@ -34,7 +34,7 @@ def law_settings(concurrency: ConcurrencyConfig) -> LawSettings:
         min_limit=concurrency.min_limit,
         max_limit=concurrency.max_limit,
         initial_limit=min(max(concurrency.initial_limit, concurrency.min_limit), concurrency.max_limit),
-        pace_factor=LawSettings.pace_factor if concurrency.pace_admissions else None,
+        pace_factor=concurrency.pace_factor if concurrency.pace_admissions else None,
     )
 
 

@@ -161,6 +161,10 @@ def test_admissions_are_paced_unless_turned_off() -> None:
     assert paced.pace_factor == LawSettings().pace_factor and paced.pace_factor is not None
     unpaced = law_settings(parse_config(_with(concurrency={"pace_admissions": False})).concurrency)
     assert unpaced.pace_factor is None
+    faster = law_settings(parse_config(_with(concurrency={"pace_factor": 2.0})).concurrency)
+    assert faster.pace_factor == 2.0
+    with pytest.raises(ConfigError, match="pace_factor"):
+        parse_config(_with(concurrency={"pace_factor": 0.5}))  # slower than the turnover would starve
 
 
 def test_endpoints_do_not_stream_unless_asked() -> None:
