@@ -1,7 +1,7 @@
 """Start many short-lived `datagen` processes fast: a pre-imported parent forks each one.
 
-A fresh `datagen run` spends 5-10 s importing (datasets, pyarrow, openai) on the 2 shared cores
-before its first request, so 20 kill -9s of one run would take minutes of imports. This helper
+A fresh `datagen run` spends 3-6 s importing (pyarrow, the pandas it pulls in, openai) on the 2
+shared cores before its first request, so 20 kill -9s of one run would take minutes of imports. This helper
 runs one "zygote" process that imports the CLI once and forks a child per run: the child is the
 real command (the same ``flows.cli.main:app`` entry, its own session and process group) and can
 be killed with ``os.killpg`` like any orchestrator. The zygote reaps its children itself.
@@ -90,6 +90,9 @@ def alive(pid: int) -> bool:
 
 def _serve() -> None:
     from flows.cli.main import app
+    from flows.store.run_store import warm_arrow
+
+    warm_arrow()  # what a run's first shard writer would import (pandas, through pyarrow)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     print("ready", flush=True)

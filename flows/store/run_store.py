@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import itertools
 import json
@@ -141,6 +142,15 @@ def write_json_atomically(payload: Any, path: Path) -> None:
         json.dump(payload, handle, indent=2, sort_keys=True, default=str)
 
 
+@functools.cache
+def warm_arrow() -> None:
+    """Pay pyarrow's first conversion of a Python list now: it imports pandas then (installed with
+    ``datasets``) to check for pandas objects, 0.3 s of CPU with bytecode caches and 1.6 s without.
+    Paid at the first shard's write, it made that shard a second late and stalled the event loop
+    mid-run; a writer pays it when it is made, before any request."""
+    pa.array([0])
+
+
 class ShardWriter:
     """Buffers rows of one table and one category; says when a shard is due (row count or age).
 
@@ -160,6 +170,7 @@ class ShardWriter:
         self.folder = folder
         self._prefix = f"{store.part.label}-" if store.part is not None else "part-"
         self._schema = schema
+        warm_arrow()
         self._flush_rows = flush_rows
         self._flush_seconds = flush_seconds
         self._rows: list[dict[str, Any]] = []
