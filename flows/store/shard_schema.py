@@ -1,10 +1,11 @@
 """The Arrow schemas every shard is written with, read from files instead of built by ``datasets``.
 
 The contract is ``flows.store.schema``: ``datasets.Features``, whose Arrow schema carries the HF
-features metadata so ``load_dataset`` restores them. Building it means importing ``datasets`` (and
-pandas): about a second of CPU at every start of a run, a Prefect worker or a CLI command that only
-writes shards. So the two schemas are kept here as Arrow IPC files made from the Features
-(``python -m flows.store.schema`` rewrites them), and a unit test fails when they differ.
+features metadata so ``load_dataset`` restores them. Building it means importing ``datasets``: about
+half a second of CPU (with bytecode caches; 2-3 s without) at every start of a run, a Prefect worker
+or a CLI command that only writes shards (pandas still comes in, through pyarrow: ``warm_arrow``).
+So the two schemas are kept here as Arrow IPC files made from the Features (``python -m
+flows.store.schema`` rewrites them), and a unit test fails when they differ.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_FILES = {
-    "row": Path(__file__).with_name("schemas") / "row.arrow",
-    "reject": Path(__file__).with_name("schemas") / "reject.arrow",
-}
+SCHEMA_FILES = {kind: Path(__file__).with_name("schemas") / f"{kind}.arrow" for kind in ("row", "reject")}
 """Kind of shard -> its schema file (output rows, rejects)."""
 
 
