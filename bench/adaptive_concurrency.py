@@ -26,6 +26,7 @@ of polling on the server, measured as a throughput ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -74,6 +75,7 @@ class Poller(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.hz = url, hz
         self.samples: list[ServerSample] = []
+        self.times: list[float] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -89,6 +91,7 @@ class Poller(threading.Thread):
                     continue
                 if sample is not None:
                     self.samples.append(sample)
+                    self.times.append(time.monotonic())
 
 
 def read_sample(url: str) -> ServerSample:
@@ -188,6 +191,7 @@ def one_run(url: str, config: Path, run_dir: Path, requests: int, poll_hz: float
         for value in pq.read_table(path, columns=["latency_s"]).column("latency_s").to_pylist()
     )
     samples = poller.samples
+    write_gauges(run_dir / "gauges.jsonl", poller)
     starved = [s for s in samples if s.queued == 0 and (s.kv_usage or 0) < 0.8]
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
@@ -201,6 +205,15 @@ def one_run(url: str, config: Path, run_dir: Path, requests: int, poll_hz: float
         requests=len(latencies),
         peak_queue=max((s.queued or 0 for s in samples), default=0),
     )
+
+
+def write_gauges(path: Path, poller: Poller) -> None:
+    """The server's 1 s readings during a run, beside its data: what a fixed setting did to the
+    server (it has no controller timeline) is read from these."""
+    start = poller.times[0] if poller.times else 0.0
+    with path.open("w") as out:
+        for at, sample in zip(poller.times, poller.samples, strict=True):
+            out.write(json.dumps({"at": round(at - start, 2), **dataclasses.asdict(sample)}) + "\n")
 
 
 def main() -> None:
