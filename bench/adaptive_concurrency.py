@@ -18,6 +18,10 @@ Settings run in an interleaved order (A B C ..., then rotated), repeated; the ta
 - starved: share of 1 s samples in which the server queue was empty while KV usage was < 0.8;
 - p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
 
+With ``--keep DIR`` each run's directory also holds its ``-v`` log, its 1 s server readings
+(``gauges.jsonl``: what a fixed setting, which has no controller timeline, did to the server) and the
+server's own log lines of the run (``server.log``: SGLang logs every prefill batch).
+
 The last line is the ratio of adaptive to the best fixed setting in hindsight. A setting ``N@HZ``
 polls the server HZ times a second during the run instead of once (``32@0``, ``32@10``): the cost
 of polling on the server, measured as a throughput ratio.
@@ -167,7 +171,10 @@ def write_config(
     path.write_text("\n".join(lines))
 
 
-def one_run(url: str, config: Path, run_dir: Path, requests: int, poll_hz: float = 1.0) -> Outcome:
+def one_run(
+    url: str, config: Path, run_dir: Path, requests: int, poll_hz: float = 1.0, server_log: Path | None = None
+) -> Outcome:
+    log_from = server_log.stat().st_size if server_log else 0
     before = read_sample(url)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     poller = Poller(url, poll_hz)
@@ -192,6 +199,10 @@ def one_run(url: str, config: Path, run_dir: Path, requests: int, poll_hz: float
     )
     samples = poller.samples
     write_gauges(run_dir / "gauges.jsonl", poller)
+    if server_log:  # the server's own lines of this run (SGLang logs every prefill batch)
+        with server_log.open("rb") as log:
+            log.seek(log_from)
+            (run_dir / "server.log").write_bytes(log.read())
     starved = [s for s in samples if s.queued == 0 and (s.kv_usage or 0) < 0.8]
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
@@ -254,7 +265,14 @@ def main() -> None:
                     config = tmp / f"r{runs}.toml"
                     law, _, hz = setting.partition("@")
                     write_config(config, url, run_dir, sources, law)
-                    outcome = one_run(url, config, run_dir, per_category * len(budgets), float(hz or 1.0))
+                    outcome = one_run(
+                        url,
+                        config,
+                        run_dir,
+                        per_category * len(budgets),
+                        float(hz or 1.0),
+                        tmp / "server.log",
+                    )
                     results[setting].append(outcome)
                     console.print(
                         f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
