@@ -19,25 +19,35 @@ The rules, checked in this order each tick (about once a second):
    last loss: a ceiling set by one burst of long answers must not pin the limit for many lives).
    A retraction during the hold, with the cache below ``kv_full``, is the same event (the requests
    admitted before the cut finishing their growth) and cuts nothing more.
-3. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
+3. KV usage above ``target_kv``: the running requests still grow a token a step, so stop refills
+   (limit = in flight x target / usage) until it falls back. Waiting for ``kv_full`` is too late:
+   the gauges lag, and on the real SGLang the cache sat at 0.91-0.95 for five seconds before it
+   reached 1.0 and retracted. A retraction costs more than its recompute: SGLang then raises its
+   own admission estimate (``new_token_ratio``, to as much as 1.0 of every running request's
+   remaining ``max_new_tokens``) and decays it over about 600 decode steps, admitting fewer for
+   that long (0.5.x, ``NewTokenRatioTracker``).
+4. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
    expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
    running, a moving average, at least a half) turns that into the KV demand the server will see.
    If ``limit`` requests of the current mix need more than ``target_kv`` of the pool, shrink to
    what fits. This reacts to a shift towards longer answers before the gauges show it.
-4. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
+5. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
    send (its admission rule or ``--max-running-requests``); trim to running + allowance.
-5. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
+6. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
    and prompts waiting): grow, never past the token budget: doubling in the slow start (until the
    cache is half the target full, or the first back-off or budget cut), then by ``grow`` a tick.
-6. Otherwise hold. The budget shrinks the limit only when it is below it by more than the
+7. Otherwise hold. The budget shrinks the limit only when it is below it by more than the
    hysteresis band, so a noisy projection does not make the limit flap.
 
 Each decision also sets the lane's admission pace (``pacer.py``): after the slow start, refills of
 completed requests are admitted at most ``pace_factor`` times the limit's turnover (limit / request
-life), with a small bucket; a raised limit's new room is granted at once. Without it, requests
-admitted together finish together and each freed slot refilled at once keeps the burst: with
-answers of one length the KV usage swings by half the pool once per request life and every peak is
-a back-off (measured on the simulator's long phase: bench/README.md).
+life, or the completions per second when they run faster: the life average lags, and after a
+back-off it still holds the requests the congestion slowed), plus what refills the deficit below
+the limit within a quarter of a request's life, with a small bucket; a raised limit's new room is
+granted at once. Without it, requests admitted together finish together and
+each freed slot refilled at once keeps the burst: with answers of one length the KV usage swings
+by half the pool once per request life and every peak is a back-off (measured on the simulator's
+long phase: bench/README.md).
 
 The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
 ~40 decode steps), at most an eighth of what is in flight: enough queued requests to refill the
@@ -89,6 +99,10 @@ class LawSettings:
     """Admissions are paced at this many times the limit's turnover (limit / request life): ordinary
     completions refill at once, a burst of them is refilled over a little time (``pacer.py``). None:
     unpaced (``pace_admissions = false``)."""
+    pace_catch_up: float = 0.25
+    """A deficit below the limit (a burst of completions) is refilled over at most this share of a
+    request's life, on top of the turnover: paced at the turnover alone it is never made up
+    (Little's law: in flight settles at pace x life), and the measured life lags behind the real one."""
     pace_burst_share: float = 0.0625
     """The pacer's bucket: this share of the limit (at least 2) may be admitted at once."""
 
@@ -233,6 +247,11 @@ class AdaptiveLimit:
             self._ceiling, self._probe_step = max(backed, s.min_limit), 1
             self._slow_start = False
             return backed, f"back off: {why}"
+        if usage is not None and usage > s.target_kv and obs.in_flight > 0:
+            over = math.floor(min(current, obs.in_flight) * s.target_kv / usage)
+            if over < current:
+                self._slow_start = False
+                return max(over, s.min_limit), f"over target: KV usage {usage:.2f}, no refills until it falls"
         if budget is not None and budget < current * (1 - s.hysteresis):
             self._slow_start = False
             return budget, f"over budget: projected KV demand fits {budget}"
@@ -254,8 +273,8 @@ class AdaptiveLimit:
                     return current, "probing above the last back-off"
             if usage is not None and usage > 0.05:
                 grown = min(grown, max(current + 1, math.floor(current * s.target_kv / usage)))
-            if budget is not None:
-                grown = min(grown, budget)
+            if budget is not None:  # within the hysteresis band the budget stops growth, never cuts
+                grown = min(grown, max(budget, current))
             return grown, "grow: room in the KV cache and prompts waiting"
         if not binds:
             return current, "limit not binding"
@@ -308,7 +327,8 @@ class AdaptiveLimit:
         life = obs.request_life_s
         if s.pace_factor is None or self._slow_start or not obs.healthy or not life or life <= 0:
             return None, burst
-        return s.pace_factor * self._limit / life, burst
+        turnover = s.pace_factor * max(self._limit / life, obs.completions_per_s)
+        return turnover + max(self._limit - obs.in_flight, 0) / (s.pace_catch_up * life), burst
 
     def _learn_occupancy(self, obs: Observation) -> None:
         """KV tokens used per projected token of the requests running (a moving average).

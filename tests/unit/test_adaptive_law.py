@@ -70,10 +70,13 @@ def test_does_not_grow_without_waiting_prompts_or_when_not_at_the_limit() -> Non
     assert law.observe(obs(2, server(0.1, 3), 3)).limit == 8
 
 
-def test_stops_growing_at_the_target_usage() -> None:
+def test_stops_growing_at_the_target_usage_and_stops_refills_above_it() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40, target_kv=0.9))
-    decision = law.observe(obs(1, server(0.92, 40), 40, per_request=350))
-    assert decision.limit == 40
+    assert law.observe(obs(1, server(0.9, 40), 40, per_request=350)).limit == 40
+    # above the target the running requests still grow: no refills until usage falls back, else
+    # the cache reaches full and the server retracts (the real SGLang: 0.91-0.95 for 5 s, then 1.0)
+    over = law.observe(obs(2, server(0.95, 40), 40, per_request=350))
+    assert over.reason.startswith("over target") and over.limit == 37  # 40 x 0.90 / 0.95
 
 
 def test_a_retraction_backs_off_below_in_flight_and_holds_growth_for_a_request_life() -> None:
@@ -141,12 +144,12 @@ def test_never_outside_its_bounds() -> None:
 def test_small_changes_inside_the_hysteresis_band_are_not_made() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
     # the budget says 97 + a ready queue of 2 = 99: within 5 % of 100, so no shrink
-    decision = law.observe(obs(1, server(0.92, 100), 100, per_request=0.9 * CAPACITY / 97.5, rate=0.0))
+    decision = law.observe(obs(1, server(0.88, 100), 100, per_request=0.9 * CAPACITY / 97.5, rate=0.0))
     assert decision.budget_limit == 99 and decision.limit == 100
     # 92 + 2 = 94: outside the band, so the limit follows the budget
     fresh = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
     assert (
-        fresh.observe(obs(1, server(0.92, 100), 100, per_request=0.9 * CAPACITY / 92.5, rate=0.0)).limit == 94
+        fresh.observe(obs(1, server(0.88, 100), 100, per_request=0.9 * CAPACITY / 92.5, rate=0.0)).limit == 94
     )
 
 
@@ -226,11 +229,36 @@ def test_admissions_are_unpaced_in_the_slow_start_and_paced_at_the_limits_turnov
     first = law.observe(replace(obs(0, server(0.3, 40), 40), request_life_s=10.0))
     assert first.pace_per_s is None  # slow start: nothing to spread yet
     law.observe(obs(1, server(0.999, 40), 40))  # a full cache ends the slow start
-    last = law.observe(replace(obs(2, server(0.7, 30), 30), request_life_s=10.0))
+    limit = law.limit
+    last = law.observe(replace(obs(2, server(0.7, limit), limit), request_life_s=10.0))
     # requests hold their slot 10 s: the limit turns over limit / 10 s, admissions may run 10 % faster
     assert last.pace_per_s == pytest.approx(1.1 * last.limit / 10.0)
     assert last.pace_burst == max(2.0, last.limit * settings.pace_burst_share)
     assert last.request_life_s == 10.0  # recorded, so a replay paces the same
+
+
+def test_the_pace_keeps_up_with_completions_when_the_measured_life_runs_long() -> None:
+    """After a back-off the life average still holds the requests slowed by the congestion (16 s),
+    while answers come back at 7 a second: paced at limit / life the lane would refill at 2.3 a
+    second and starve the server with prompts waiting (the real SGLang: 15-26 in flight of 34, the
+    cache a third full, for 15 s)."""
+    law = AdaptiveLimit(LawSettings(initial_limit=40, pace_factor=1.1))
+    law.observe(obs(0, server(0.999, 40), 40))  # a full cache ends the slow start
+    limit = law.limit
+    decision = law.observe(obs(1, server(0.4, limit), limit, rate=7.0, life=16.0))
+    assert decision.pace_per_s == pytest.approx(1.1 * 7.0)
+    calm = law.observe(obs(2, server(0.4, limit), limit, rate=1.0, life=16.0))
+    assert calm.pace_per_s == pytest.approx(1.1 * limit / 16.0)  # the limit's turnover, at least
+
+
+def test_a_deficit_below_the_limit_is_refilled_within_a_quarter_life() -> None:
+    """Paced at the turnover alone, in flight settles at pace x life: a burst of completions that
+    left the lane 20 below its limit would never be made up while prompts wait."""
+    law = AdaptiveLimit(LawSettings(initial_limit=40, pace_factor=1.1, pace_catch_up=0.25))
+    law.observe(obs(0, server(0.999, 40), 40))  # a full cache ends the slow start
+    limit = law.limit
+    decision = law.observe(obs(1, server(0.4, limit - 20), limit - 20, rate=1.0, life=8.0))
+    assert decision.pace_per_s == pytest.approx(1.1 * limit / 8.0 + 20 / 2.0)  # 20 over a quarter of 8 s
 
 
 def test_no_pacing_while_the_endpoint_is_down_or_before_any_answer() -> None:
