@@ -44,10 +44,10 @@ completed requests are admitted at most ``pace_factor`` times the limit's turnov
 life, or the completions per second when they run faster: the life average lags, and after a
 back-off it still holds the requests the congestion slowed), plus what refills the deficit below
 the limit within a quarter of a request's life, with a small bucket; a raised limit's new room is
-granted at once. Without it, requests admitted together finish together and
-each freed slot refilled at once keeps the burst: with answers of one length the KV usage swings
-by half the pool once per request life and every peak is a back-off (measured on the simulator's
-long phase: bench/README.md).
+granted at once. Without it, requests admitted together finish together and each freed slot
+refilled at once keeps the burst: with answers of one length the KV usage swings by half the pool
+once per request life and every peak is a back-off (measured on the simulator's long phase:
+bench/README.md).
 
 The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
 ~40 decode steps), at most an eighth of what is in flight: enough queued requests to refill the
