@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Generic, TypeVar
 
@@ -53,6 +54,12 @@ class Limiter(Generic[T]):
     The limit is re-read at every admission (instead of sizing a semaphore once), so an adaptive law
     can shrink or grow a window between two requests without draining anything: in-flight requests
     finish, new ones wait. One condition serves all lanes, so a free slot anywhere wakes a waiter.
+
+    Waiters are served first come, first served: only the one at the head of the queue may take a
+    slot. Without the queue a dispatcher that had just been admitted asked again before the others
+    woke up, found the next free slot first, and kept winning: each shard's dispatcher is a waiter,
+    so a run's categories went one after the other (measured: all of one category's 150 prompts
+    before the first of the other's) instead of side by side.
     """
 
     def __init__(self, lanes: list[Lane[T]]) -> None:
@@ -61,6 +68,8 @@ class Limiter(Generic[T]):
         self.lanes = lanes
         self.waiting = 0
         self._changed = asyncio.Condition()
+        self._queue: deque[object] = deque()
+        """One ticket per waiter, in arrival order: the head is served first."""
 
     @property
     def in_flight(self) -> int:
@@ -91,10 +100,12 @@ class Limiter(Generic[T]):
         """A slot on the lane with the most room; ``cost`` is the request's projected KV demand."""
         async with self._changed:
             self.waiting += 1
+            ticket = object()
+            self._queue.append(ticket)
             try:
                 while True:
                     now = time.monotonic()
-                    lane, wait = self._best(now)
+                    lane, wait = self._best(now) if self._queue[0] is ticket else (None, None)
                     if lane is not None:
                         break
                     if wait is None:
@@ -104,6 +115,9 @@ class Limiter(Generic[T]):
                             await asyncio.wait_for(self._changed.wait(), wait)
             finally:
                 self.waiting -= 1
+                if self._queue[0] is ticket:  # served or cancelled: the next in line may have room
+                    self._changed.notify_all()
+                self._queue.remove(ticket)
             lane.pacer.take(now)
             lane.in_flight += 1
             lane.projected_tokens += cost

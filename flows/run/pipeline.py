@@ -8,6 +8,7 @@ between being read and being pumped, so an orchestrator only ever passes (catego
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -21,6 +22,39 @@ ShardRunner = Callable[[str, int], Coroutine[Any, Any, None]]
 CategoryRunner = Callable[[str], Awaitable[None]]
 """category -> category done. Prefect's subflow or a plain call of ``Pipeline.run_category``."""
 
+START_TOGETHER_S = 10.0
+"""How long a category whose first shard is read waits for the other categories' first shards."""
+
+
+class StartLine:
+    """The categories start sending together, once each one's first shard is ready to send.
+
+    Why: the first category to be read would otherwise take every free slot at once (the whole
+    first limit: measured, all 64 first requests of one category), so the first wave, and the
+    demand the concurrency law learns from it, would be one category's. After the start the
+    limiter serves the shards' dispatchers in turn. Reading a local file's shard takes
+    milliseconds; a slow source (the Hub) holds the others ``START_TOGETHER_S`` at most.
+    """
+
+    def __init__(self, runners: int, patience_s: float = START_TOGETHER_S) -> None:
+        self._missing = runners
+        self._patience_s = patience_s
+        self._all_in = asyncio.Event()
+        if runners <= 0:
+            self._all_in.set()
+
+    def arrive(self) -> None:
+        """One category is ready to send, or will never send (its source failed or is done)."""
+        self._missing -= 1
+        if self._missing <= 0:
+            self._all_in.set()
+
+    async def ready(self) -> None:
+        """Arrive, then wait for the other categories (``patience_s`` at most)."""
+        self.arrive()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_in.wait(), self._patience_s)
+
 
 class SourceError(RuntimeError):
     """A category's prompt source could not be read (missing file, Hub unreachable, corrupt file)."""
@@ -32,6 +66,7 @@ class Pipeline:
     def __init__(self, session: RunSession) -> None:
         self.session = session
         self._shards: dict[tuple[str, int], list[Ask | Reject]] = {}
+        self._start = StartLine(0)
 
     async def run_shard(self, category: str, index: int) -> None:
         """Pump one shard; its items were parked by ``run_category``."""
@@ -45,6 +80,7 @@ class Pipeline:
             sink=run.sink,
             patience=self.session.patience,
             demand=self.session.control.demand_for(category, run.sampling.max_tokens),
+            before_first=self._start.ready if index == 0 else None,
         )
 
     def shard_window(self) -> int:
@@ -90,6 +126,8 @@ class Pipeline:
             if active:
                 await asyncio.gather(*active)
         finally:
+            if index == 0:  # no first shard (unreadable, or nothing left to ask): nobody waits for it
+                self._start.arrive()
             for task in active:
                 task.cancel()
             if active:
@@ -100,6 +138,7 @@ class Pipeline:
     async def run_categories(self, category_runner: CategoryRunner) -> None:
         """All categories at once: they share the limiter, so the endpoint never idles between them."""
         await asyncio.to_thread(self.session.categories.load_states)
+        self._start = StartLine(len(self.session.config.categories))
         results = await asyncio.gather(
             *(category_runner(c.name) for c in self.session.config.categories), return_exceptions=True
         )

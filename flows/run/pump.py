@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from flows.client.endpoint import EndpointClient
@@ -206,11 +206,15 @@ async def pump_shard(
     sink: CategorySink,
     patience: Patience = Patience(),
     demand: CategoryDemand | None = None,
+    before_first: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Send every record of the shard, write every conversion reject; return when all are settled.
 
     The dispatcher runs as its own task so that a fatal error stops it even while it waits for a
-    slot (every lane may be closed when the run must stop).
+    slot (every lane may be closed when the run must stop). ``before_first`` is awaited before the
+    first request (the categories' start line). After each admission the dispatcher yields, so
+    that with free slots to share (the start, a raised limit) the shards' dispatchers take them in
+    turn instead of the first one taking them all.
     """
     pending: set[asyncio.Task[None]] = set()
     held: Held = {}
@@ -233,6 +237,8 @@ async def pump_shard(
                 await limiter.release(lane, need.cost)
 
     async def dispatch() -> None:
+        if before_first is not None:
+            await before_first()
         for item in items:
             if stop.is_set():
                 return
@@ -248,6 +254,7 @@ async def pump_shard(
             costs[task] = need.cost
             pending.add(task)
             task.add_done_callback(pending.discard)
+            await asyncio.sleep(0)
 
     dispatcher = asyncio.create_task(dispatch())
     stopped = asyncio.create_task(stop.wait())

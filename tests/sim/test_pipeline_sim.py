@@ -113,3 +113,30 @@ def test_demo_command_runs_under_prefect_and_writes_a_loadable_dataset(tmp_path:
     assert "Prefect: on" in text and "load_dataset" in text
     check = check_run(tmp_path / "demo")
     assert len(check.row_ids) == 98 and len(check.reject_ids) == 2 and check.duplicates == 0
+
+
+@pytest.mark.parametrize("prefect", [False, True], ids=["plain", "prefect"])
+async def test_categories_are_asked_side_by_side_from_the_first_request(
+    tmp_path: Path, fast_sim: SimulatorProcess, prefect: bool
+) -> None:
+    """Two categories share the limit from the start to the end: neither takes the first wave, neither
+    waits for the other to finish (they used to run one after the other)."""
+    sources = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for i, source in enumerate(sources):
+        write_prompts(source, 120, tag=f"{i}-")
+    second = f'\n[[categories]]\nname = "b"\nsource = "{sources[1]}"\nformat = "messages"\n'
+    run = tmp_path / "run.toml"
+    write_config(run, name="both", output_dir=tmp_path, url=fast_sim.url, source=sources[0], extra=second)
+    run.write_text(run.read_text().replace('name = "chat"', 'name = "a"').replace("limit = 64", "limit = 16"))
+    await execute(load_config(run), use_prefect=prefect)
+    started = sorted(
+        (row["created_at"].timestamp() - row["latency_s"], row["category"])
+        for row in load_dataset("parquet", data_dir=str(tmp_path / "both" / "data"), split="train")
+    )
+    assert len(started) == 240
+    first_wave = [category for _, category in started[:16]]
+    assert first_wave.count("a") >= 6 and first_wave.count("b") >= 6
+    lead = [0]
+    for _, category in started:
+        lead.append(lead[-1] + (1 if category == "a" else -1))
+    assert max(abs(x) for x in lead) <= 16  # within one limit of each other all along

@@ -120,3 +120,41 @@ async def test_a_paced_waiter_woken_late_takes_what_it_was_owed_in_one_go() -> N
 
     await asyncio.wait_for(owed(), timeout=0.2)
     assert lane.in_flight == 11
+
+
+async def test_dispatchers_take_turns_for_freed_slots() -> None:
+    """Two categories' dispatchers contend for one slot at a time: they alternate. (A dispatcher that
+    had just been admitted used to queue again before the other woke up, and won every slot: a run's
+    categories went one after the other instead of side by side.)"""
+    limiter: Limiter[str] = Limiter([Lane("a", FixedLimit(1))])
+    order: list[str] = []
+    held: asyncio.Queue[Lane[str]] = asyncio.Queue()
+
+    async def dispatcher(name: str) -> None:
+        for _ in range(6):
+            lane = await limiter.acquire()
+            order.append(name)
+            held.put_nowait(lane)
+
+    tasks = [asyncio.create_task(dispatcher(name)) for name in ("x", "y")]
+    for _ in range(12):
+        lane = await asyncio.wait_for(held.get(), 1)
+        await asyncio.sleep(0)
+        await limiter.release(lane)
+    await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    # x is admitted at once and queues again before y asks; from then on they take turns
+    assert order == ["x"] + ["x", "y"] * 5 + ["y"]
+
+
+async def test_a_cancelled_waiter_at_the_head_lets_the_next_one_in() -> None:
+    limiter: Limiter[str] = Limiter([Lane("a", FixedLimit(1))])
+    first = await limiter.acquire()
+    head = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    behind = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    head.cancel()
+    await asyncio.gather(head, return_exceptions=True)
+    await limiter.release(first)
+    lane = await asyncio.wait_for(behind, 1)
+    assert lane.endpoint == "a" and limiter.in_flight == 1 and limiter.waiting == 0
