@@ -34,8 +34,12 @@ The rules, checked in this order each tick (about once a second):
 5. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
    send (its admission rule or ``--max-running-requests``); trim to running + allowance.
 6. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
-   and prompts waiting): grow, never past the token budget: doubling in the slow start (until the
-   cache is half the target full, or the first back-off or budget cut), then by ``grow`` a tick.
+   and prompts waiting): grow, never past the token budget: in the slow start (until the cache is
+   half the target full, or the first back-off or budget cut) straight to the budget where the
+   server says its pool size, else doubling; then by ``grow`` a tick. Until answers come back the
+   budget counts every request at its final size (occupancy 1), so it is what surely fits; the
+   doubling took four ticks to reach it, and on the real CPU SGLang the first ten seconds of a
+   300-prompt run then ran 35 requests on average against fixed 64's 63 (a tenth of the run).
 7. Otherwise hold. The budget shrinks the limit only when it is below it by more than the
    hysteresis band, so a noisy projection does not make the limit flap.
 
@@ -263,6 +267,8 @@ class AdaptiveLimit:
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:
             grown = max(current + 1, math.floor(current * (2.0 if self._slow_start else s.grow)))
+            if self._slow_start and budget is not None:  # what fits at the occupancy known so far
+                grown = max(grown, budget)
             if grown > self._ceiling:  # past the last back-off: probe, one request first
                 if current < self._ceiling:
                     grown = max(current + 1, math.floor(self._ceiling))

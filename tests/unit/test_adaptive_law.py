@@ -3,6 +3,7 @@ trim a flooded queue, shrink before a shift to longer answers, stay bounded, rep
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -167,7 +168,7 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
     law = AdaptiveLimit(LawSettings(initial_limit=8))
     first = law.observe(obs(1, server(0.03, 8), 8, per_request=1000, rate=0.0))
     assert first.occupancy == 1.0  # nothing came back yet: every request counted at its final size
-    assert first.limit == 16  # slow start doubles, it does not jump to a budget
+    assert first.limit == 16  # the budget at occupancy 1 (what surely fits), not a learned one
     second = law.observe(obs(2, server(0.05, 16), 16, per_request=1000, rate=1.0))
     assert second.occupancy is not None and 0.9 < second.occupancy < 1.0  # learns, slowly, never below 0.5
 
@@ -273,3 +274,12 @@ def test_pacing_turned_off_admits_at_once() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40, pace_factor=None))
     law.observe(obs(0, server(0.999, 40), 40))
     assert law.observe(obs(1, server(0.5, 30), 30, life=10.0)).pace_per_s is None
+
+
+def test_the_slow_start_goes_straight_to_the_budget_and_doubles_where_the_pool_size_is_unknown() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    jumped = law.observe(obs(1, server(0.03, 8), 8, per_request=200, rate=0.0))
+    assert jumped.limit == math.floor(0.9 * CAPACITY / 200) + 2 and jumped.reason.startswith("grow")
+    blind = AdaptiveLimit(LawSettings(initial_limit=8))
+    assert blind.observe(obs(1, None, 8, per_request=200, rate=0.0)).limit == 16
+    assert blind.observe(obs(2, None, 16, per_request=200, rate=0.0)).limit == 32
