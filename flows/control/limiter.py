@@ -115,8 +115,8 @@ class Limiter(Generic[T]):
                             await asyncio.wait_for(self._changed.wait(), wait)
             finally:
                 self.waiting -= 1
-                if self._queue[0] is ticket:  # served or cancelled: the next in line may have room
-                    self._changed.notify_all()
+                if self._queue[0] is ticket and len(self._queue) > 1:
+                    self._changed.notify_all()  # served or cancelled: the next in line may have room
                 self._queue.remove(ticket)
             lane.pacer.take(now)
             lane.in_flight += 1
