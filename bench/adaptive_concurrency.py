@@ -24,7 +24,10 @@ server's own log lines of the run (``server.log``: SGLang logs every prefill bat
 
 The last line is the ratio of adaptive to the best fixed setting in hindsight. A setting ``N@HZ``
 polls the server HZ times a second during the run instead of once (``32@0``, ``32@10``): the cost
-of polling on the server, measured as a throughput ratio.
+of polling on the server, measured as a throughput ratio. A setting ``LAW:NAME`` runs ``datagen``
+from the source tree given by ``--tree NAME=PATH`` (a ``git worktree`` of another commit, sharing
+this virtual environment): an A/B of two versions of the law on one server, interleaved like the rest
+(``--settings adaptive:before,adaptive --tree before=../wt-before``).
 """
 
 from __future__ import annotations
@@ -172,8 +175,15 @@ def write_config(
 
 
 def one_run(
-    url: str, config: Path, run_dir: Path, requests: int, poll_hz: float = 1.0, server_log: Path | None = None
+    url: str,
+    config: Path,
+    run_dir: Path,
+    requests: int,
+    poll_hz: float = 1.0,
+    server_log: Path | None = None,
+    tree: Path | None = None,
 ) -> Outcome:
+    """One ``datagen run`` of ``config``; ``tree``: the source tree to run it from (default: this one)."""
     log_from = server_log.stat().st_size if server_log else 0
     before = read_sample(url)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -183,6 +193,7 @@ def one_run(
         ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect", "-v"],
         capture_output=True,
         check=False,
+        cwd=tree,  # `-m flows.cli` imports the package from the working directory first
     )
     run_dir.mkdir(parents=True, exist_ok=True)  # its log (limit changes, retried attempts) by its data
     (run_dir / "datagen.log").write_bytes(result.stdout + result.stderr)
@@ -240,8 +251,16 @@ def main() -> None:
     parser.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
     parser.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs (data, timelines) here")
+    parser.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=PATH", help="a source tree for settings LAW:NAME"
+    )
     args = parser.parse_args()
     settings = args.settings.split(",")
+    trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.tree)}
+    unknown = {s.partition(":")[2] for s in settings if ":" in s} - trees.keys()
+    if unknown:
+        parser.error(f"no --tree NAME=PATH for {', '.join(sorted(unknown))}")
+    keep = args.keep.resolve() if args.keep else None
     budgets = [int(v) for v in args.max_tokens.split(",")]
     results: dict[str, list[Outcome]] = {s: [] for s in settings}
     with busy_core(1), tempfile.TemporaryDirectory() as tmp_name:
@@ -261,9 +280,11 @@ def main() -> None:
                 order = settings[repeat % len(settings) :] + settings[: repeat % len(settings)]
                 for setting in order:
                     runs += 1
-                    run_dir = (args.keep or tmp / "runs") / f"r{runs}-{setting.replace('@', 'at')}"
+                    named = setting.replace("@", "at").replace(":", "-")
+                    run_dir = (keep or tmp / "runs") / f"r{runs}-{named}"
                     config = tmp / f"r{runs}.toml"
-                    law, _, hz = setting.partition("@")
+                    law_at, _, tree = setting.partition(":")
+                    law, _, hz = law_at.partition("@")
                     write_config(config, url, run_dir, sources, law)
                     outcome = one_run(
                         url,
@@ -272,6 +293,7 @@ def main() -> None:
                         per_category * len(budgets),
                         float(hz or 1.0),
                         tmp / "server.log",
+                        trees[tree] if tree else None,
                     )
                     results[setting].append(outcome)
                     console.print(
@@ -317,9 +339,11 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
         args.json.write_text(
             json.dumps({s: [o.__dict__ | {"samples": []} for o in v] for s, v in results.items()})
         )
-    if best and results.get("adaptive"):
-        ratio = med("adaptive", "tok_s") / med(best, "tok_s")
-        console.print(f"adaptive / best fixed ({best}): {ratio:.2f}x output tok/s")
+    variants = [s for s in results if s.startswith("adaptive") and s != "adaptive" and results[s]]
+    for setting in [*variants, "adaptive"] if best else []:
+        if results.get(setting):
+            ratio = med(setting, "tok_s") / med(best, "tok_s")
+            console.print(f"{setting} / best fixed ({best}): {ratio:.2f}x output tok/s")
 
 
 if __name__ == "__main__":
