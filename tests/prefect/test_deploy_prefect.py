@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import ApiPost
 from pipeline_support import check_run, datagen, kill_group, rows_on_disk, write_config, write_prompts
 
 from flows.orchestration.deploy import SCHEDULED_FLOW
@@ -39,21 +40,14 @@ def sim() -> Iterator[SimulatorProcess]:
         yield running
 
 
-def _post(api: str, path: str, body: dict[str, object] | None = None) -> list[dict[str, object]]:
-    response = httpx.post(f"{api}/{path}", json=body or {}, timeout=10)
-    response.raise_for_status()
-    result: list[dict[str, object]] = response.json()
-    return result
-
-
-def _firings(api: str, deployment: str) -> list[dict[str, object]]:
+def _firings(api_post: ApiPost, deployment: str) -> list[dict[str, object]]:
     """Flow runs of the scheduled flow's deployment ``deployment`` (any state)."""
     body = {"flows": {"name": {"any_": [SCHEDULED_FLOW]}}, "deployments": {"name": {"any_": [deployment]}}}
-    return _post(api, "flow_runs/filter", body)
+    return api_post("flow_runs/filter", body)
 
 
-def _messages(api: str) -> list[str]:
-    return [str(entry["message"]) for entry in _post(api, "logs/filter", {"logs": {"level": {"ge_": 20}}})]
+def _messages(api_post: ApiPost) -> list[str]:
+    return [str(entry["message"]) for entry in api_post("logs/filter", {"logs": {"level": {"ge_": 20}}})]
 
 
 def _until(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -94,9 +88,8 @@ def _config(tmp_path: Path, name: str, url: str, prompts: int) -> Path:
 
 
 def test_firings_resume_one_run_and_skip_while_it_is_busy(
-    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
+    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess, api_post: ApiPost
 ) -> None:
-    api = server.api_url
     config = _config(tmp_path, "sched", sim.url, 40)
     run_dir = tmp_path / "sched"
     lock = RunLock(run_dir)
@@ -108,7 +101,7 @@ def test_firings_resume_one_run_and_skip_while_it_is_busy(
                 return any(
                     r["state_type"] == "COMPLETED"
                     and str(r["state"]["message"]).startswith("skipped: run sched is busy")
-                    for r in _firings(api, "sched")
+                    for r in _firings(api_post, "sched")
                 )
 
             _until("a firing skipped on the busy run", skipped, proc, PATIENCE_S)
@@ -121,14 +114,15 @@ def test_firings_resume_one_run_and_skip_while_it_is_busy(
         with (tmp_path / "sched.jsonl").open("a", encoding="utf-8") as source:
             source.write(more.read_text(encoding="utf-8"))
         _until("the 20 new prompts answered", lambda: rows_on_disk(run_dir) == 60, proc, PATIENCE_S)
+        done = "nothing left to do: run sched has 60 rows"
         _until(
             "a firing with nothing left to do",
-            lambda: any(m.startswith("nothing left to do: run sched has 60 rows") for m in _messages(api)),
+            lambda: any(m.startswith(done) for m in _messages(api_post)),
             proc,
             PATIENCE_S,
         )
         # read before the Ctrl-C that ends the test: it stops (Crashes) a firing still running, by design
-        firings = _firings(api, "sched")
+        firings = _firings(api_post, "sched")
     check = check_run(run_dir)
     assert len(check.row_ids) == 60 and check.duplicates == 0 and not check.corrupt_files
 
@@ -138,7 +132,7 @@ def test_firings_resume_one_run_and_skip_while_it_is_busy(
         for r in ended
         if r["state_type"] not in ("COMPLETED", "CANCELLED")
     ]
-    messages = _messages(api)
+    messages = _messages(api_post)
     assert any(m.startswith("skipped: run sched is busy") and "in use by another" in m for m in messages)
     assert any("run sched resumed in" in m and "40 prompts already done are skipped" in m for m in messages)
 
@@ -162,7 +156,7 @@ def test_fresh_run_names_make_a_new_run_per_firing(
 
 
 def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(
-    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
+    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess, api_post: ApiPost
 ) -> None:
     api = server.api_url
     env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(server.home)}
@@ -195,9 +189,9 @@ def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(
     assert registered.returncode == 0, registered.stdout + registered.stderr
     assert "prefect worker start --pool datagen-pool" in registered.stderr  # the console writes to stderr
 
-    (pool,) = _post(api, "work_pools/filter", {"work_pools": {"name": {"any_": ["datagen-pool"]}}})
+    (pool,) = api_post("work_pools/filter", {"work_pools": {"name": {"any_": ["datagen-pool"]}}})
     assert pool["type"] == "process"
-    (deployment,) = _post(api, "deployments/filter", {"deployments": {"name": {"any_": ["pooled"]}}})
+    (deployment,) = api_post("deployments/filter", {"deployments": {"name": {"any_": ["pooled"]}}})
     assert deployment["entrypoint"] == "flows.orchestration.deploy.scheduled_run"
     assert deployment["parameters"] == {
         "config_path": str(config.resolve()),
