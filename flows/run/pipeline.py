@@ -27,7 +27,7 @@ START_TOGETHER_S = 10.0
 
 
 class StartLine:
-    """The categories start sending together, once each one's first shard is ready to send.
+    """The categories start sending together, once each one's first shards (its window) exist.
 
     Why: the first category to be read would otherwise take every free slot at once (the whole
     first limit: measured, all 64 first requests of one category), so the first wave, and the
@@ -44,14 +44,15 @@ class StartLine:
             self._all_in.set()
 
     def arrive(self) -> None:
-        """One category is ready to send, or will never send (its source failed or is done)."""
+        """One category's window of shards exists (or it has no more to start: its stream is done or
+        unreadable). A category's shards are counted together, or the one whose second shard was read
+        first would take twice the other's share of the first slots."""
         self._missing -= 1
         if self._missing <= 0:
             self._all_in.set()
 
-    async def ready(self) -> None:
-        """Arrive, then wait for the other categories (``patience_s`` at most)."""
-        self.arrive()
+    async def wait(self) -> None:
+        """Every shard's dispatcher waits here before its first request, ``patience_s`` at most."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._all_in.wait(), self._patience_s)
 
@@ -80,7 +81,7 @@ class Pipeline:
             sink=run.sink,
             patience=self.session.patience,
             demand=self.session.control.demand_for(category, run.sampling.max_tokens),
-            before_first=self._start.ready if index == 0 else None,
+            before_first=self._start.wait,
         )
 
     def shard_window(self) -> int:
@@ -102,6 +103,7 @@ class Pipeline:
         active: set[asyncio.Task[None]] = set()
         index = 0
         unreadable: SourceError | None = None
+        arrived = False
         try:
             while True:
                 try:
@@ -119,14 +121,20 @@ class Pipeline:
                 active.add(task)
                 index += 1
                 if len(active) >= window:
+                    if not arrived:
+                        arrived = True
+                        self._start.arrive()
                     done, _ = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
                     for finished in done:
                         active.discard(finished)
                         finished.result()
+            if not arrived:  # fewer shards than the window: all of them exist now
+                arrived = True
+                self._start.arrive()
             if active:
                 await asyncio.gather(*active)
         finally:
-            if index == 0:  # no first shard (unreadable, or nothing left to ask): nobody waits for it
+            if not arrived:  # stopped by an error: nobody waits for this category
                 self._start.arrive()
             for task in active:
                 task.cancel()

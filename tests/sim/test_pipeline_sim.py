@@ -127,7 +127,8 @@ async def test_categories_are_asked_side_by_side_from_the_first_request(
     second = f'\n[[categories]]\nname = "b"\nsource = "{sources[1]}"\nformat = "messages"\n'
     run = tmp_path / "run.toml"
     write_config(run, name="both", output_dir=tmp_path, url=fast_sim.url, source=sources[0], extra=second)
-    run.write_text(run.read_text().replace('name = "chat"', 'name = "a"').replace("limit = 64", "limit = 16"))
+    text = run.read_text().replace('name = "chat"', 'name = "a"').replace("limit = 64", "limit = 16")
+    run.write_text(text.replace("shard_prompts = 250", "shard_prompts = 50"))  # 3 shards a category
     await execute(load_config(run), use_prefect=prefect)
     started = sorted(
         (row["created_at"].timestamp() - row["latency_s"], row["category"])
