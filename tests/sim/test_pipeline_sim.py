@@ -140,4 +140,6 @@ async def test_categories_are_asked_side_by_side_from_the_first_request(
     lead = [0]
     for _, category in started:
         lead.append(lead[-1] + (1 if category == "a" else -1))
-    assert max(abs(x) for x in lead) <= 16  # within one limit of each other all along
+    # within two limits of each other all along (one limit, 16, was exceeded once in CI: while a
+    # category reads its next shard it has one dispatcher against the other's two); before: 120
+    assert max(abs(x) for x in lead) <= 32
