@@ -23,7 +23,7 @@ CategoryRunner = Callable[[str], Awaitable[None]]
 """category -> category done. Prefect's subflow or a plain call of ``Pipeline.run_category``."""
 
 START_TOGETHER_S = 10.0
-"""How long a category whose first shard is read waits for the other categories' first shards."""
+"""How long a shard waits at the start line for every category's first window of shards."""
 
 
 class StartLine:
