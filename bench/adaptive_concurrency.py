@@ -238,6 +238,21 @@ def write_gauges(path: Path, poller: Poller) -> None:
             out.write(json.dumps({"at": round(at - start, 2), **dataclasses.asdict(sample)}) + "\n")
 
 
+def add_tree_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=PATH", help="a source tree for settings LAW:NAME"
+    )
+
+
+def source_trees(parser: argparse.ArgumentParser, given: list[str], settings: list[str]) -> dict[str, Path]:
+    """``--tree NAME=PATH`` options by name; every ``LAW:NAME`` setting must have one."""
+    trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in given)}
+    unknown = {s.partition(":")[2] for s in settings if ":" in s} - trees.keys()
+    if unknown:
+        parser.error(f"no --tree NAME=PATH for {', '.join(sorted(unknown))}")
+    return trees
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -251,15 +266,10 @@ def main() -> None:
     parser.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
     parser.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs (data, timelines) here")
-    parser.add_argument(
-        "--tree", action="append", default=[], metavar="NAME=PATH", help="a source tree for settings LAW:NAME"
-    )
+    add_tree_option(parser)
     args = parser.parse_args()
     settings = args.settings.split(",")
-    trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.tree)}
-    unknown = {s.partition(":")[2] for s in settings if ":" in s} - trees.keys()
-    if unknown:
-        parser.error(f"no --tree NAME=PATH for {', '.join(sorted(unknown))}")
+    trees = source_trees(parser, args.tree, settings)
     keep = args.keep.resolve() if args.keep else None
     budgets = [int(v) for v in args.max_tokens.split(",")]
     results: dict[str, list[Outcome]] = {s: [] for s in settings}

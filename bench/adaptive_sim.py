@@ -29,7 +29,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.adaptive_concurrency import write_config
+from bench.adaptive_concurrency import add_tree_option, source_trees, write_config
 from bench.spinner import busy_core
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.simulator import SimConfig, SimulatorProcess
@@ -70,8 +70,9 @@ class PhaseDriver(threading.Thread):
 
 
 def one_run(
-    sim_cfg: SimConfig, runs_dir: Path, name: str, setting: str, prompts: Path, count: int
+    sim_cfg: SimConfig, runs_dir: Path, name: str, setting: str, prompts: Path, count: int, tree: Path | None
 ) -> PhaseOutcome:
+    """One run of ``setting``; ``tree``: the source tree to run ``datagen`` from (default: this one)."""
     with SimulatorProcess(sim_cfg) as sim:
         config, run_dir = runs_dir / f"{name}.toml", runs_dir / name
         write_config(config, sim.url, run_dir, [("mix", prompts, MAX_TOKENS)], setting, poll_s=0.25)
@@ -82,6 +83,7 @@ def one_run(
             ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"],
             capture_output=True,
             check=True,
+            cwd=tree,  # `-m flows.cli` imports the package from the working directory first
         )
         ended = time.monotonic()
         driver.stop.set()
@@ -105,8 +107,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=900)
     parser.add_argument("--time-scale", type=float, default=0.05)
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs (data, timelines) here")
+    add_tree_option(parser)
     args = parser.parse_args()
     settings = args.settings.split(",")
+    trees = source_trees(parser, args.tree, settings)
+    keep = args.keep.resolve() if args.keep else None
     sim_cfg = SimConfig(
         port=0,
         max_total_tokens=SEEDS_KV,
@@ -124,9 +129,18 @@ def main() -> None:
         for repeat in range(args.repeats):
             for setting in settings[repeat % len(settings) :] + settings[: repeat % len(settings)]:
                 runs += 1
-                runs_dir = args.keep or tmp / "runs"
+                runs_dir = keep or tmp / "runs"
                 runs_dir.mkdir(parents=True, exist_ok=True)
-                outcome = one_run(sim_cfg, runs_dir, f"r{runs}-{setting}", setting, prompts, args.prompts)
+                law, _, tree = setting.partition(":")
+                outcome = one_run(
+                    sim_cfg,
+                    runs_dir,
+                    f"r{runs}-{setting.replace(':', '-')}",
+                    law,
+                    prompts,
+                    args.prompts,
+                    trees[tree] if tree else None,
+                )
                 results[setting].append(outcome)
                 console.print(
                     f"repeat {repeat + 1} {setting:>8}: short {outcome.short_tok_s:8.0f} tok/s, long "
@@ -160,10 +174,10 @@ def print_table(results: dict[str, list[PhaseOutcome]], args: argparse.Namespace
             f"{med(setting, 'retractions'):.0f}",
         )
     console.print(table)
-    if "adaptive" in results:
-        short = med("adaptive", "short_tok_s") / oracle["short_tok_s"]
-        long = med("adaptive", "long_tok_s") / oracle["long_tok_s"]
-        console.print(f"adaptive / per-phase oracle: short {short:.2f}x, long {long:.2f}x")
+    for setting in [s for s in results if s.startswith("adaptive")]:
+        short = med(setting, "short_tok_s") / oracle["short_tok_s"]
+        long = med(setting, "long_tok_s") / oracle["long_tok_s"]
+        console.print(f"{setting} / per-phase oracle: short {short:.2f}x, long {long:.2f}x")
 
 
 if __name__ == "__main__":

@@ -26,22 +26,28 @@ The rules, checked in this order each tick (about once a second):
    own admission estimate (``new_token_ratio``, to as much as 1.0 of every running request's
    remaining ``max_new_tokens``) and decays it over about 600 decode steps, admitting fewer for
    that long (0.5.x, ``NewTokenRatioTracker``).
-4. Budget in tokens: every in-flight request is projected to need its prompt plus its category's
-   expected output. ``occupancy`` (KV tokens actually used per projected token of the requests
-   running, a moving average, at least a half) turns that into the KV demand the server will see.
-   If ``limit`` requests of the current mix need more than ``target_kv`` of the pool, shrink to
-   what fits. This reacts to a shift towards longer answers before the gauges show it.
+4. Budget in tokens, looking ahead (``outlook.py``): from each request's age, its category's expected
+   prompt and output and the per-request decode rate, project what the requests in flight will
+   hold over a newcomer's life; the budget is those in flight plus the newcomers that keep the
+   projection under ``target_kv`` of the pool all the while. ``occupancy`` (KV tokens actually used
+   per modelled token now, a moving average) corrects the model. Counting every request at the
+   average size let a cohort admitted together outgrow the cache at the end of its life; counting
+   it at its final size keeps the cache half empty when ages are spread. The newcomers that fit are
+   the lane's admission credit until the next decision, apart from the limit: a request that ends
+   frees no credit, because the outlook already counted its end (as a cap on the number in flight,
+   every ending request was refilled at once on top of the room that its end had made; measured
+   on the simulator's long phase: a new cohort each life). The budget also stops growth, and it
+   reacts to a shift towards longer answers before the gauges show it.
 5. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
    send (its admission rule or ``--max-running-requests``); trim to running + allowance.
 6. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
    and prompts waiting): grow, never past the token budget: in the slow start (until the cache is
-   half the target full, or the first back-off or budget cut) straight to the budget where the
+   half the target full, or the first back-off) straight to the budget where the
    server says its pool size, else doubling; then by ``grow`` a tick. Until answers come back the
-   budget counts every request at its final size (occupancy 1), so it is what surely fits; the
+   budget counts every request at its final size (no decode rate yet), so it is what surely fits; the
    doubling took four ticks to reach it, and on the real CPU SGLang the first ten seconds of a
    300-prompt run then ran 35 requests on average against fixed 64's 63 (a tenth of the run).
-7. Otherwise hold. The budget shrinks the limit only when it is below it by more than the
-   hysteresis band, so a noisy projection does not make the limit flap.
+7. Otherwise hold.
 
 Each decision also sets the lane's admission pace (``pacer.py``): after the slow start, refills of
 completed requests are admitted at most ``pace_factor`` times the limit's turnover (limit / request
@@ -64,6 +70,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from flows.control.outlook import Outlook
 from flows.control.signals import ServerSample
 
 
@@ -71,6 +78,9 @@ from flows.control.signals import ServerSample
 class LawSettings:
     target_kv: float = 0.90
     kv_full: float = 0.99
+    peak_kv: float = 0.97
+    """The outlook keeps its projected peak under this share of the pool; the pace holds the mean
+    at ``target_kv``."""
     min_limit: int = 1
     max_limit: int = 1024
     initial_limit: int = 8
@@ -89,16 +99,15 @@ class LawSettings:
     min_queue: int = 2
     min_free_vram_bytes: int = 1 << 30
     """Below this much free memory on the tightest GPU, back off: activations need headroom."""
-    hysteresis: float = 0.05
     occupancy_alpha: float = 0.1
-    """Occupancy starts at 1 (every request at its final size: the first batch starts together and
-    grows together) and learns downwards slowly once answers come back."""
+    """Occupancy (measured KV per modelled KV) starts at 1 and is learned slowly once answers come
+    back: the gauges lag the model by up to their refresh interval."""
     probe_s: float = 5.0
     """Above the last back-off's ceiling, one probe per quarter of a request's life (1 s to 150 s;
     this long while no answer has come back): one request, then twice as many each probe."""
     min_occupancy: float = 0.5
-    """Requests admitted one after another hold on average at least half of what they end with
-    (prompt + half the output): a lower reading is a batch that has only just started."""
+    """Never trust a reading that the model counts twice what the cache holds: the budget would
+    double (a stale gauge right after a burst of admissions reads that low)."""
     pace_factor: float | None = 1.1
     """Admissions are paced at this many times the limit's turnover (limit / request life): ordinary
     completions refill at once, a burst of them is refilled over a little time (``pacer.py``). None:
@@ -118,8 +127,9 @@ class Observation:
     in_flight: int
     waiting: int
     """Prompts the client holds ready for a slot: growing helps only when there are some."""
-    projected_tokens: float
-    """Projected KV demand (prompt + expected output) of the requests in flight."""
+    outlook: Outlook | None
+    """What the requests in flight will hold in the KV cache over a newcomer's life (``outlook.py``);
+    None when nothing counted is in flight."""
     completions_per_s: float
     healthy: bool = True
     free_vram_bytes: int | None = None
@@ -135,6 +145,9 @@ class Decision:
     limit: int
     previous: int
     reason: str
+    credit: int | None
+    """Admissions the token budget allows until the next decision (None: no budget). Not a cap on
+    in flight: a request that ends frees no credit, since the outlook already counted its end."""
     kv_usage: float | None
     running: int | None
     queued: int | None
@@ -171,6 +184,9 @@ class AdaptiveLimit:
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
     _was_down: bool = False
     _last_free_vram: int | None = None
+    _last_at: float = 0.0
+    _mean_usage: float | None = None
+    _mean_completions: float = 0.0
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -190,14 +206,17 @@ class AdaptiveLimit:
         budget = self._budget_limit(obs, allowance)
         current = self._limit
         target, reason = self._target(obs, retractions, restarted, budget, allowance)
-        target = _clamp(target, s.min_limit, s.max_limit)
-        self._limit = target
+        self._limit = _clamp(target, s.min_limit, s.max_limit)
+        credit = None if budget is None else max(budget - allowance - obs.in_flight, 0)
+        self._average_over_a_life(obs)
+        self._last_at = obs.at
         pace, burst = self._pace(obs)
         return Decision(
             at=obs.at,
             limit=self._limit,
             previous=current,
             reason=reason if self._limit != current else f"hold: {reason}",
+            credit=credit,
             kv_usage=server.kv_usage if server else None,
             running=server.running if server else None,
             queued=server.queued if server else None,
@@ -256,9 +275,6 @@ class AdaptiveLimit:
             if over < current:
                 self._slow_start = False
                 return max(over, s.min_limit), f"over target: KV usage {usage:.2f}, no refills until it falls"
-        if budget is not None and budget < current * (1 - s.hysteresis):
-            self._slow_start = False
-            return budget, f"over budget: projected KV demand fits {budget}"
         queued = server.queued if server else None
         if queued is not None and queued > 2 * allowance and server is not None and server.running:
             trimmed = min(current, server.running + allowance)
@@ -279,7 +295,7 @@ class AdaptiveLimit:
                     return current, "probing above the last back-off"
             if usage is not None and usage > 0.05:
                 grown = min(grown, max(current + 1, math.floor(current * s.target_kv / usage)))
-            if budget is not None:  # within the hysteresis band the budget stops growth, never cuts
+            if budget is not None:  # the budget stops growth; its credit stops admissions
                 grown = min(grown, max(budget, current))
             return grown, "grow: room in the KV cache and prompts waiting"
         if not binds:
@@ -334,39 +350,67 @@ class AdaptiveLimit:
         if s.pace_factor is None or self._slow_start or not obs.healthy or not life or life <= 0:
             return None, burst
         turnover = s.pace_factor * max(self._limit / life, obs.completions_per_s)
-        return turnover + max(self._limit - obs.in_flight, 0) / (s.pace_catch_up * life), burst
+        pace = turnover + max(self._limit - obs.in_flight, 0) / (s.pace_catch_up * life)
+        sustainable = self._sustainable_rate()
+        if sustainable is not None:
+            pace = min(pace, s.pace_factor * sustainable)
+        return pace, burst
+
+    def _average_over_a_life(self, obs: Observation) -> None:
+        """The cache's usage and the completions per second, averaged over a request's life."""
+        server, life = obs.server, obs.request_life_s
+        if server is None or server.kv_usage is None or not life:
+            return
+        if self._mean_usage is None:
+            self._mean_usage, self._mean_completions = server.kv_usage, obs.completions_per_s
+            return
+        weight = 1.0 - math.exp(-max(obs.at - self._last_at, 0.0) / life)
+        self._mean_usage += weight * (server.kv_usage - self._mean_usage)
+        self._mean_completions += weight * (obs.completions_per_s - self._mean_completions)
+
+    def _sustainable_rate(self) -> float | None:
+        """Admissions per second that bring the cache's mean usage to ``target_kv`` (Little's law on
+        KV tokens): the completions per second scaled by target / mean usage, over a life.
+
+        Admitted faster, requests pile up until the budget's credit stops admissions, and the cohort
+        they form ends together and opens the room at once: the cache then swings by half the pool
+        once per life. Admitted at this rate, ages spread and the cache holds about the target.
+        """
+        if self._mean_usage is None:
+            return None
+        return self._mean_completions * self.settings.target_kv / max(self._mean_usage, 0.05)
 
     def _learn_occupancy(self, obs: Observation) -> None:
-        """KV tokens used per projected token of the requests running (a moving average).
+        """KV tokens used per modelled token of the requests running (a moving average): what the
+        outlook's model misses (prompt tokens from characters, a shared prefix cached once).
 
-        Read only once answers come back (right after admission the cache holds prompts only), and
-        never below ``min_occupancy``.
+        Read only once answers come back (before, the outlook counts every request at its final
+        size while the cache holds prompts only), and never below ``min_occupancy``.
         """
-        s, server = self.settings, obs.server
+        s, server, outlook = self.settings, obs.server, obs.outlook
         if (
             server is None
             or server.kv_usage is None
             or server.capacity_tokens is None
             or not server.running
             or obs.in_flight <= 0
-            or obs.projected_tokens <= 0
-            or obs.completions_per_s <= 0
+            or outlook is None
+            or outlook.tokens_per_s is None
+            or outlook.now_tokens <= 0
         ):
             return
-        per_request = obs.projected_tokens / obs.in_flight
-        ratio = server.kv_usage * server.capacity_tokens / (per_request * min(server.running, obs.in_flight))
-        ratio = min(max(ratio, s.min_occupancy), 1.5)
+        modelled = outlook.now_tokens * min(server.running, obs.in_flight) / obs.in_flight
+        ratio = min(max(server.kv_usage * server.capacity_tokens / modelled, s.min_occupancy), 1.5)
         self._occupancy += s.occupancy_alpha * (ratio - self._occupancy)
 
     def _budget_limit(self, obs: Observation, allowance: int) -> int | None:
-        """How many requests of the current mix fit in ``target_kv`` of the pool, plus the ready queue."""
-        server = obs.server
-        if server is None or server.capacity_tokens is None:
+        """How many requests fit with the outlook under ``target_kv`` of the pool all the while: those
+        in flight plus the newcomers that fit beside them, plus the ready queue."""
+        server, outlook = obs.server, obs.outlook
+        if server is None or server.capacity_tokens is None or outlook is None:
             return None
-        if obs.in_flight <= 0 or obs.projected_tokens <= 0:
-            return None
-        per_request = obs.projected_tokens / obs.in_flight * self._occupancy
-        return math.floor(self.settings.target_kv * server.capacity_tokens / per_request) + allowance
+        budget_tokens = self.settings.peak_kv * server.capacity_tokens / self._occupancy
+        return obs.in_flight + math.floor(outlook.room(budget_tokens)) + allowance
 
     def _queue_allowance(self, obs: Observation) -> int:
         """Completions until the next fresh reading, at most an eighth of what is in flight.

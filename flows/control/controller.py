@@ -1,7 +1,7 @@
 """One endpoint's controller: reads its signals about once a second, feeds its law, logs the decision.
 
 The law (``adaptive.py``) is pure; this is the I/O around it. The client's own counts (in flight,
-completions per second, projected KV demand of what is in flight) come from the endpoint's limiter
+completions per second, the outlook of what is in flight) come from the endpoint's limiter
 lane; the server's from ``SignalReader``; the KV capacity once from ``/get_server_info``.
 """
 
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from flows.client.guard import Endpoint
 from flows.control.adaptive import AdaptiveLimit, Decision, Observation
 from flows.control.limiter import Lane, Limiter
+from flows.control.outlook import project
 from flows.control.signals import ServerSample, SignalReader, with_capacity
 from flows.control.timeline import Timeline
 from flows.control.vram import VramReader, VramSample
@@ -69,17 +71,19 @@ class EndpointController:
             self._rate += RATE_ALPHA * (rate - self._rate)
             last_at, last_completed = now, done
             decision = self.tick(now - started, sample, memory)
-            if decision.limit > decision.previous:
+            if decision.limit > decision.previous or decision.credit:
                 await self.limiter.notify()  # waiters see the new room now, not at the next release
 
     def tick(self, at: float, sample: ServerSample | None, memory: VramSample | None = None) -> Decision:
         """One decision from what the lane, the server and the GPUs say now."""
+        lane = self.lane
+        outlook = project(lane.flights(time.monotonic()), lane.tokens_per_s)
         observation = Observation(
             at=at,
             server=sample,
-            in_flight=self.lane.in_flight,
+            in_flight=lane.in_flight,
             waiting=self.limiter.waiting,
-            projected_tokens=self.lane.projected_tokens,
+            outlook=outlook,
             completions_per_s=self._rate,
             request_life_s=self.lane.life_s,
             healthy=self.lane.endpoint.guard.up,
@@ -89,8 +93,9 @@ class EndpointController:
         decision = self.law.observe(observation)
         self.lane.pacer.set(decision.pace_per_s, decision.pace_burst, time.monotonic())
         self.lane.pacer.grant(decision.limit - decision.previous)
+        self.lane.credit = math.inf if decision.credit is None else decision.credit
         self.last, self.last_sample = decision, sample
-        self.timeline.add(self.url, decision, sample, self.lane.projected_tokens)
+        self.timeline.add(self.url, decision, sample, outlook)
         if decision.limit != decision.previous:
             log.info("%s: limit %d -> %d (%s)", self.url, decision.previous, decision.limit, decision.reason)
         return decision

@@ -33,8 +33,8 @@ class CategoryDemand:
             self.completions + PRIOR_ANSWERS
         )
 
-    def projected(self, prompt_chars: int) -> float:
-        return prompt_chars / self.chars_per_token + self.expected_output()
+    def prompt_tokens(self, prompt_chars: int) -> float:
+        return prompt_chars / self.chars_per_token
 
     def learn(self, prompt_chars: int, prompt_tokens: int, completion_tokens: int) -> None:
         self.completions += 1

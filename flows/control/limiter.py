@@ -8,18 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from flows.control.limit import Limit
+from flows.control.outlook import Flight
 from flows.control.pacer import Pacer
 
 T = TypeVar("T")
 
 LIFE_ALPHA = 0.05
-"""Weight of one answer in a lane's request life: about the last 20-40 answers count."""
+"""Weight of one answer in a lane's request life and decode rate: about the last 20-40 answers count."""
+
+
+class Footprint(Protocol):
+    """What a request will hold in the KV cache (a prompt's ``Demand``), read afresh at every tick:
+    its category's expected output is learned while it runs."""
+
+    def flight(self, age_s: float) -> Flight: ...
 
 
 class Lane(Generic[T]):
@@ -29,23 +38,42 @@ class Lane(Generic[T]):
         self.endpoint = endpoint
         self.limit = limit
         self.in_flight = 0
-        self.projected_tokens = 0.0
-        """Projected KV demand of this lane's requests in flight (what the token budget reads)."""
+        self.footprints: dict[int, tuple[Footprint, float]] = {}
+        """This lane's requests in flight that the token budget counts, with when each was admitted."""
         self.completed = 0
         self.life_s: float | None = None
         """How long this lane's requests hold their slot, a moving average of the completed ones."""
+        self._held_s = 0.0
+        self._tokens = 0.0
         self.pacer = Pacer()
         """Spreads admissions when the law asks for it (``Decision.pace_per_s``); unpaced by default."""
+        self.credit = math.inf
+        """Admissions the law's token budget allows until its next decision (``Decision.credit``)."""
 
-    def finished(self, held_s: float) -> None:
+    def finished(self, held_s: float, completion_tokens: int = 0) -> None:
         """One request answered after holding its slot ``held_s`` seconds (all its turns)."""
         self.completed += 1
         weight = max(LIFE_ALPHA, 1.0 / self.completed)  # a plain mean of the first answers
         self.life_s = held_s if self.life_s is None else self.life_s + weight * (held_s - self.life_s)
+        self._held_s += weight * (held_s - self._held_s)
+        self._tokens += weight * (completion_tokens - self._tokens)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens a request makes per second it holds its slot (queue and prefill included, so
+        it errs slow: projected requests end later, never earlier); None before any answer."""
+        if self._held_s <= 0 or self._tokens <= 0:
+            return None
+        return self._tokens / self._held_s
+
+    def flights(self, now: float) -> list[Flight]:
+        """The counted requests in flight, each with its age, for the budget's outlook."""
+        return [footprint.flight(now - admitted) for footprint, admitted in self.footprints.values()]
 
     @property
     def room(self) -> int:
-        return self.limit.limit - self.in_flight
+        """Free slots under the limit, none while the budget's credit is spent."""
+        return self.limit.limit - self.in_flight if self.credit >= 1 else 0
 
 
 class Limiter(Generic[T]):
@@ -96,8 +124,8 @@ class Limiter(Generic[T]):
         async with self._changed:
             self._changed.notify_all()
 
-    async def acquire(self, cost: float = 0.0) -> Lane[T]:
-        """A slot on the lane with the most room; ``cost`` is the request's projected KV demand."""
+    async def acquire(self, footprint: Footprint | None = None) -> Lane[T]:
+        """A slot on the lane with the most room; ``footprint`` (if any) is counted by its budget."""
         async with self._changed:
             self.waiting += 1
             ticket = object()
@@ -119,14 +147,17 @@ class Limiter(Generic[T]):
                     self._changed.notify_all()  # served or cancelled: the next in line may have room
                 self._queue.remove(ticket)
             lane.pacer.take(now)
+            lane.credit -= 1
             lane.in_flight += 1
-            lane.projected_tokens += cost
+            if footprint is not None:
+                lane.footprints[id(footprint)] = (footprint, now)
             return lane
 
-    async def release(self, lane: Lane[T], cost: float = 0.0) -> None:
+    async def release(self, lane: Lane[T], footprint: Footprint | None = None) -> None:
         async with self._changed:
             lane.in_flight -= 1
-            lane.projected_tokens = max(0.0, lane.projected_tokens - cost)
+            if footprint is not None:
+                lane.footprints.pop(id(footprint), None)
             self._changed.notify_all()
 
     @contextlib.asynccontextmanager

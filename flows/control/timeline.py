@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flows.control.adaptive import Decision, Observation
+from flows.control.outlook import Outlook
 from flows.control.signals import ServerSample
 from flows.store.run_store import atomic_file
 
@@ -32,9 +33,14 @@ class Timeline:
         self._written = 0
 
     def add(
-        self, endpoint: str, decision: Decision, sample: ServerSample | None, projected_tokens: float
+        self, endpoint: str, decision: Decision, sample: ServerSample | None, outlook: Outlook | None
     ) -> None:
-        row = {"endpoint": endpoint, **dataclasses.asdict(decision), "projected_tokens": projected_tokens}
+        row = {"endpoint": endpoint, **dataclasses.asdict(decision)}
+        row["outlook_now_tokens"] = outlook.now_tokens if outlook else None
+        row["outlook_peaks"] = list(outlook.peaks) if outlook else None
+        row["newcomer_prompt"] = outlook.newcomer_prompt if outlook else None
+        row["newcomer_output"] = outlook.newcomer_output if outlook else None
+        row["tokens_per_s"] = outlook.tokens_per_s if outlook else None
         row["source"] = sample.source if sample else None
         row["capacity_tokens"] = sample.capacity_tokens if sample else None
         row["preemptions_total"] = sample.preemptions_total if sample else None
@@ -59,6 +65,20 @@ def read_timeline(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def outlook_from_row(row: dict[str, Any]) -> Outlook | None:
+    """The recorded outlook; None where nothing counted was in flight, or in a timeline recorded
+    before the outlook existed (its budget is then not replayed)."""
+    if row.get("outlook_peaks") is None:
+        return None
+    return Outlook(
+        now_tokens=row["outlook_now_tokens"],
+        peaks=tuple(row["outlook_peaks"]),
+        newcomer_prompt=row["newcomer_prompt"],
+        newcomer_output=row["newcomer_output"],
+        tokens_per_s=row["tokens_per_s"],
+    )
+
+
 def observation_from_row(row: dict[str, Any]) -> Observation:
     """What the law was given at one recorded decision: replaying these reproduces the decisions."""
     server = None
@@ -77,7 +97,7 @@ def observation_from_row(row: dict[str, Any]) -> Observation:
         server=server,
         in_flight=row["in_flight"],
         waiting=row["waiting"],
-        projected_tokens=row["projected_tokens"],
+        outlook=outlook_from_row(row),
         completions_per_s=row["completions_per_s"],
         healthy=row["healthy"],
         free_vram_bytes=row.get("free_vram_bytes"),

@@ -19,6 +19,7 @@ from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
 from flows.control.demand import CategoryDemand
 from flows.control.limiter import Lane, Limiter
+from flows.control.outlook import Flight
 from flows.run.prompt_stream import Ask, Reject
 from flows.run.quality import TRUNCATED
 from flows.run.regen import regenerate
@@ -80,25 +81,27 @@ class Patience:
 Held = dict["asyncio.Task[None]", Lane[Endpoint]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Demand:
-    """One prompt's projected KV demand (what its slot costs the token budget), and where to learn from
-    its answer. Without a model (a fixed limit) it costs nothing and learns nothing."""
+    """One prompt's KV footprint for the token budget (``Footprint``), and where to learn from its
+    answer. A fixed limit has no demand model, so its prompts have none (``of`` gives None)."""
 
-    model: CategoryDemand | None
+    model: CategoryDemand
     prompt_chars: int
-    cost: float
 
     @classmethod
-    def of(cls, model: CategoryDemand | None, record: PromptRecord) -> Demand:
-        if model is None:
-            return cls(None, 0, 0.0)
-        chars = prompt_chars(record)
-        return cls(model, chars, model.projected(chars))
+    def of(cls, model: CategoryDemand | None, record: PromptRecord) -> Demand | None:
+        return None if model is None else cls(model, prompt_chars(record))
+
+    def flight(self, age_s: float) -> Flight:
+        """Read afresh at every tick: the category's projection is learned while the request runs."""
+        model = self.model
+        return Flight(
+            model.prompt_tokens(self.prompt_chars), model.expected_output(), model.max_tokens, age_s
+        )
 
     def learn(self, prompt_tokens: int, completion_tokens: int) -> None:
-        if self.model is not None:
-            self.model.learn(self.prompt_chars, prompt_tokens, completion_tokens)
+        self.model.learn(self.prompt_chars, prompt_tokens, completion_tokens)
 
 
 def prompt_chars(record: PromptRecord) -> int:
@@ -115,7 +118,7 @@ async def _ask(
     sampling: SamplingParams,
     sink: CategorySink,
     patience: Patience,
-    demand: Demand,
+    demand: Demand | None,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
 
@@ -151,15 +154,16 @@ async def _ask(
                         f"no endpoint has answered for {patience.outage_s:.0f} s"
                     ) from error
                 # move the prompt to an endpoint that answers
-                await limiter.release(held.pop(task), demand.cost)
-                held[task] = await limiter.acquire(demand.cost)
+                await limiter.release(held.pop(task), demand)
+                held[task] = await limiter.acquire(demand)
             sink.tally.recovered += 1
     row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
     sink.rows.add(row)
     tally = sink.tally
     usage = regenerated.usage
-    held[task].finished(regenerated.latency_s)
-    demand.learn(usage.prompt_tokens, usage.completion_tokens)
+    held[task].finished(regenerated.latency_s, usage.completion_tokens)
+    if demand is not None:
+        demand.learn(usage.prompt_tokens, usage.completion_tokens)
     tally.rows += 1
     finish = str(row["finish_reason"])
     tally.finish_reasons[finish] = tally.finish_reasons.get(finish, 0) + 1
@@ -218,11 +222,11 @@ async def pump_shard(
     """
     pending: set[asyncio.Task[None]] = set()
     held: Held = {}
-    costs: dict[asyncio.Task[None], float] = {}
+    needs: dict[asyncio.Task[None], Demand | None] = {}
     fatal: list[FatalEndpointError] = []
     stop = asyncio.Event()
 
-    async def run(item: Ask, need: Demand) -> None:
+    async def run(item: Ask, need: Demand | None) -> None:
         task = asyncio.current_task()
         assert task is not None
         try:
@@ -232,9 +236,9 @@ async def pump_shard(
             stop.set()
         finally:
             lane = held.pop(task, None)
-            costs.pop(task, None)
+            needs.pop(task, None)
             if lane is not None:
-                await limiter.release(lane, need.cost)
+                await limiter.release(lane, need)
 
     async def dispatch() -> None:
         if before_first is not None:
@@ -248,10 +252,10 @@ async def pump_shard(
                 continue
             sink.tally.queued += 1
             need = Demand.of(demand, item.record)
-            lane = await limiter.acquire(need.cost)
+            lane = await limiter.acquire(need)
             task = asyncio.create_task(run(item, need))
             held[task] = lane  # before the task first runs: create_task only schedules it
-            costs[task] = need.cost
+            needs[task] = need
             pending.add(task)
             task.add_done_callback(pending.discard)
             await asyncio.sleep(0)
@@ -269,6 +273,6 @@ async def pump_shard(
             task.cancel()
         await asyncio.gather(dispatcher, stopped, *pending, return_exceptions=True)
         for task in list(held):  # cancelled before they ran: their slots are still taken
-            await limiter.release(held.pop(task), costs.pop(task, 0.0))
+            await limiter.release(held.pop(task), needs.pop(task, None))
     if fatal:
         raise RunAborted(fatal[0].reason) from fatal[0]

@@ -9,9 +9,12 @@ from dataclasses import replace
 import pytest
 
 from flows.control.adaptive import AdaptiveLimit, Decision, LawSettings, Observation
+from flows.control.outlook import Flight, Outlook, project
 from flows.control.signals import ServerSample
 
 CAPACITY = 16384
+PEAK = LawSettings().peak_kv
+"""The share of the pool the budget's outlook may reach at its peak."""
 
 
 def server(
@@ -25,6 +28,15 @@ def server(
         preemptions_total=retracted,
         capacity_tokens=capacity,
     )
+
+
+def flat(in_flight: int, per_request: float, *, answered: bool) -> Outlook | None:
+    """An outlook where every request holds ``per_request`` tokens all along (the projection itself is
+    tested in test_outlook.py); ``answered``: a decode rate is known, so the occupancy is learned."""
+    if in_flight <= 0:
+        return None
+    total = per_request * in_flight
+    return Outlook(total, (total,), 0.0, per_request, tokens_per_s=1000.0 if answered else None)
 
 
 def obs(
@@ -43,7 +55,7 @@ def obs(
         server=sample,
         in_flight=in_flight,
         waiting=waiting,
-        projected_tokens=per_request * in_flight,
+        outlook=flat(in_flight, per_request, answered=rate > 0),
         completions_per_s=rate,
         healthy=healthy,
         request_life_s=life,
@@ -121,13 +133,13 @@ def test_a_flooded_server_queue_is_trimmed_to_running_plus_a_short_ready_queue()
     assert decision.limit == 50 + decision.queue_allowance and decision.queue_allowance == 6  # 3/s x 2 s
 
 
-def test_a_shift_to_longer_answers_shrinks_before_the_cache_fills() -> None:
+def test_a_shift_to_longer_answers_stops_admissions_before_the_cache_fills() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40))
-    steady = law.observe(obs(1, server(0.9, 40), 40, per_request=350))
-    assert steady.limit == 40
+    steady = law.observe(obs(1, server(0.5, 40), 40, per_request=300, rate=0.0))
+    assert steady.credit == math.floor(PEAK * CAPACITY / 300) - 40  # 12 more fit
     # the same 40 in flight are now projected at 4x the tokens each (longer answers started)
-    shifted = law.observe(obs(2, server(0.9, 40), 40, per_request=1400))
-    assert shifted.reason.startswith("over budget") and shifted.limit < 20
+    shifted = law.observe(obs(2, server(0.5, 40), 40, per_request=1200, rate=0.0))
+    assert shifted.credit == 0 and shifted.budget_limit is not None and shifted.budget_limit < 20
 
 
 def test_never_outside_its_bounds() -> None:
@@ -142,16 +154,14 @@ def test_never_outside_its_bounds() -> None:
     assert law.limit == 2
 
 
-def test_small_changes_inside_the_hysteresis_band_are_not_made() -> None:
-    law = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
-    # the budget says 97 + a ready queue of 2 = 99: within 5 % of 100, so no shrink
-    decision = law.observe(obs(1, server(0.88, 100), 100, per_request=0.9 * CAPACITY / 97.5, rate=0.0))
-    assert decision.budget_limit == 99 and decision.limit == 100
-    # 92 + 2 = 94: outside the band, so the limit follows the budget
-    fresh = AdaptiveLimit(LawSettings(initial_limit=100, hysteresis=0.05))
-    assert (
-        fresh.observe(obs(1, server(0.88, 100), 100, per_request=0.9 * CAPACITY / 92.5, rate=0.0)).limit == 94
-    )
+def test_the_budget_is_a_credit_of_admissions_and_leaves_the_limit_alone() -> None:
+    """The budget swings within a request's life as cohorts age and end: it does not lower the
+    limit (the law's window), it says how many may start before the next decision."""
+    law = AdaptiveLimit(LawSettings(initial_limit=100))
+    law._slow_start = False
+    decision = law.observe(obs(1, server(0.5, 70), 70, per_request=PEAK * CAPACITY / 80.5, rate=0.0))
+    assert decision.limit == 100 and decision.credit == 10
+    assert decision.budget_limit == 80 + decision.queue_allowance
 
 
 def test_replaying_the_same_observations_gives_the_same_decisions() -> None:
@@ -168,7 +178,9 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
     law = AdaptiveLimit(LawSettings(initial_limit=8))
     first = law.observe(obs(1, server(0.03, 8), 8, per_request=1000, rate=0.0))
     assert first.occupancy == 1.0  # nothing came back yet: every request counted at its final size
-    assert first.limit == 16  # the budget at occupancy 1 (what surely fits), not a learned one
+    assert (
+        first.limit == math.floor(PEAK * CAPACITY / 1000) + 2
+    )  # every request at its final size, + a ready queue
     second = law.observe(obs(2, server(0.05, 16), 16, per_request=1000, rate=1.0))
     assert second.occupancy is not None and 0.9 < second.occupancy < 1.0  # learns, slowly, never below 0.5
 
@@ -258,7 +270,7 @@ def test_a_deficit_below_the_limit_is_refilled_within_a_quarter_life() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40, pace_factor=1.1, pace_catch_up=0.25))
     law.observe(obs(0, server(0.999, 40), 40))  # a full cache ends the slow start
     limit = law.limit
-    decision = law.observe(obs(1, server(0.4, limit - 20), limit - 20, rate=1.0, life=8.0))
+    decision = law.observe(obs(1, server(0.1, limit - 20), limit - 20, rate=4.0, life=8.0))
     assert decision.pace_per_s == pytest.approx(1.1 * limit / 8.0 + 20 / 2.0)  # 20 over a quarter of 8 s
 
 
@@ -279,7 +291,40 @@ def test_pacing_turned_off_admits_at_once() -> None:
 def test_the_slow_start_goes_straight_to_the_budget_and_doubles_where_the_pool_size_is_unknown() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=8))
     jumped = law.observe(obs(1, server(0.03, 8), 8, per_request=200, rate=0.0))
-    assert jumped.limit == math.floor(0.9 * CAPACITY / 200) + 2 and jumped.reason.startswith("grow")
+    assert jumped.limit == math.floor(PEAK * CAPACITY / 200) + 2 and jumped.reason.startswith("grow")
     blind = AdaptiveLimit(LawSettings(initial_limit=8))
     assert blind.observe(obs(1, None, 8, per_request=200, rate=0.0)).limit == 16
     assert blind.observe(obs(2, None, 16, per_request=200, rate=0.0)).limit == 32
+
+
+def test_the_budget_admits_beside_requests_about_to_end_not_beside_a_young_cohort() -> None:
+    """The same 40 requests in flight: admitted together they will all be at their final size at
+    once; admitted one after another the oldest free their room while newcomers grow."""
+
+    def budget(ages: list[float]) -> int | None:
+        outlook = project([Flight(50.0, 300.0, 512, age) for age in ages], tokens_per_s=100.0)
+        assert outlook is not None
+        law = AdaptiveLimit(LawSettings(initial_limit=40))
+        usage = outlook.now_tokens / CAPACITY  # the gauges agree with the model: occupancy stays 1
+        observed = Observation(1, server(usage, 40), 40, 5, outlook, completions_per_s=2.0)
+        return law.observe(observed).budget_limit
+
+    young, spread = budget([0.0] * 40), budget([3.0 * i / 40 for i in range(40)])  # a 3 s life
+    assert young is not None and spread is not None
+    room = math.floor((PEAK * CAPACITY - 40 * 350) / 350)  # beside 40 x 350 tokens at their peak
+    assert young == 40 + room + 4  # and a ready queue of 4
+    assert spread >= young + 20
+
+
+def test_admissions_are_paced_no_faster_than_brings_the_mean_usage_to_the_target() -> None:
+    """Little's law on KV tokens: 4 completions a second hold the cache 45 % full on average over a
+    request's life, so 8 admissions a second would hold it at the 90 % target. Refilling a cohort's
+    slots faster than that makes the next cohort."""
+    law = AdaptiveLimit(LawSettings(initial_limit=40))
+    law._slow_start = False
+    for at in range(30):  # three lives of 10 s
+        decision = law.observe(obs(at, server(0.45, 10), 10, waiting=30, rate=4.0, life=10.0))
+    assert decision.pace_per_s == pytest.approx(1.1 * 4.0 * 0.9 / 0.45)
+    # a burst of completions: the usage swings, the average over a life hardly moves
+    burst = law.observe(obs(30, server(0.1, 10), 10, waiting=30, rate=20.0, life=10.0))
+    assert burst.pace_per_s is not None and burst.pace_per_s < 1.1 * 20.0

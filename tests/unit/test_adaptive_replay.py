@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from flows.config import ConcurrencyConfig
 from flows.control.adaptive import AdaptiveLimit, LawSettings
 from flows.control.timeline import observation_from_row
+from flows.control.wiring import law_settings
 
 RECORDED = (
     Path(__file__).resolve().parents[1] / "fixtures" / "timelines" / "sglang_0.5.23_adaptive_300.parquet"
@@ -51,3 +53,21 @@ def test_replay_is_deterministic_bounded_and_backs_off_on_every_retraction() -> 
     assert any(d.limit < d.previous for d in retracted)
     flooded = [d for d in first if d.queued is not None and d.queued > 2 * d.queue_allowance]
     assert all(d.limit <= d.previous for d in flooded)
+
+
+OUTLOOK_RUN = RECORDED.with_name("sglang_0.5.23_outlook_300.parquet")
+"""The same workload recorded with the outlook's budget (the timeline of a `--settings adaptive` run of
+`bench.adaptive_concurrency --keep DIR`, 2026-12-02): no retraction in it."""
+
+
+def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None:
+    """The timeline holds the outlook the law was given, so today's law gives the recorded limits,
+    credits and paces again. A change to the law changes them: record the run again."""
+    rows = pq.read_table(OUTLOOK_RUN).to_pylist()
+    law = AdaptiveLimit(law_settings(ConcurrencyConfig()))
+    replayed = [law.observe(observation_from_row(row)) for row in rows]
+    assert [(d.limit, d.credit, d.pace_per_s) for d in replayed] == [
+        (r["limit"], r["credit"], r["pace_per_s"]) for r in rows
+    ]
+    assert sum(r["retractions"] for r in rows) == 0
+    assert any(r["credit"] == 0 and r["waiting"] for r in rows)  # the budget held prompts back

@@ -7,7 +7,8 @@ from flows.control.demand import CategoryDemand, DemandModel
 
 def test_before_any_answer_a_request_is_projected_at_its_full_budget() -> None:
     demand = DemandModel().category("long", max_tokens=4096)
-    assert demand.projected(4000) == 1000 + 4096  # 4 characters a token until the server says
+    assert demand.prompt_tokens(4000) == 1000  # 4 characters a token until the server says
+    assert demand.expected_output() == 4096
 
 
 def test_the_first_short_answers_do_not_collapse_the_projection() -> None:
@@ -26,4 +27,4 @@ def test_the_prompt_ratio_is_learned_from_the_servers_counts() -> None:
     for _ in range(100):
         demand.learn(prompt_chars=600, prompt_tokens=300, completion_tokens=64)  # 2 characters a token
     assert abs(demand.chars_per_token - 2.0) < 0.1
-    assert abs(demand.projected(600) - (300 + 64)) < 20
+    assert abs(demand.prompt_tokens(600) - 300) < 15

@@ -5,6 +5,7 @@ import time
 
 from flows.control.limit import FixedLimit
 from flows.control.limiter import Lane, Limiter
+from flows.control.outlook import Flight
 
 
 class MutableLimit:
@@ -99,6 +100,54 @@ def test_a_lanes_request_life_is_the_mean_of_its_first_answers_then_a_moving_ave
     for _ in range(200):
         lane.finished(10.0)
     assert 9.9 < lane.life_s < 10.0  # follows a shift to longer answers
+
+
+async def test_a_spent_credit_admits_nobody_until_the_next_decision_whatever_is_released() -> None:
+    """The outlook counted the ends of the requests in flight: their slots are not room again."""
+    lane: Lane[str] = Lane("a", FixedLimit(10))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.credit = 2
+    await limiter.acquire()
+    await limiter.acquire()
+    waiter = asyncio.create_task(limiter.acquire())
+    await limiter.release(lane)  # the first request ended
+    await asyncio.sleep(0.01)
+    assert not waiter.done() and lane.in_flight == 1
+    lane.credit = 1  # the next decision
+    await limiter.notify()
+    assert await asyncio.wait_for(waiter, 1) is lane and lane.credit == 0
+
+
+def test_a_lanes_decode_rate_weighs_answers_by_their_tokens() -> None:
+    """Tokens per second held, over all answers: a 10-token answer that waited in a queue for 5 s
+    must not drag the rate down as much as a 1,000-token answer of 10 s lifts it."""
+    lane: Lane[str] = Lane("a", FixedLimit(1))
+    assert lane.tokens_per_s is None
+    lane.finished(10.0, completion_tokens=1000)
+    lane.finished(5.0, completion_tokens=10)
+    assert lane.tokens_per_s == (1000 + 10) / (10.0 + 5.0)
+
+
+class Footprint:
+    def __init__(self, prompt: float) -> None:
+        self.prompt = prompt
+
+    def flight(self, age_s: float) -> Flight:
+        return Flight(self.prompt, 100.0, 256, age_s)
+
+
+async def test_a_lane_counts_its_footprints_from_admission_to_release() -> None:
+    lane: Lane[str] = Lane("a", FixedLimit(4))
+    limiter: Limiter[str] = Limiter([lane])
+    first, second = Footprint(10.0), Footprint(20.0)
+    await limiter.acquire(first)
+    admitted = time.monotonic()
+    await limiter.acquire(second)
+    await limiter.acquire()  # a request without a footprint takes a slot and is not counted
+    later = admitted + 3.0
+    assert sorted((f.prompt_tokens, round(f.age_s)) for f in lane.flights(later)) == [(10.0, 3), (20.0, 3)]
+    await limiter.release(lane, first)
+    assert [f.prompt_tokens for f in lane.flights(later)] == [20.0] and lane.in_flight == 2
 
 
 async def test_a_paced_waiter_woken_late_takes_what_it_was_owed_in_one_go() -> None:

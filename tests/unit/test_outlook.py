@@ -1,0 +1,73 @@
+"""The budget's outlook: what the requests in flight will hold over a newcomer's life, by their ages."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.control.outlook import SLICES, Flight, project
+
+
+def flights(count: int, age_s: float, prompt: float = 100.0, output: float = 1000.0) -> list[Flight]:
+    return [Flight(prompt, output, 4096, age_s) for _ in range(count)]
+
+
+def test_nothing_in_flight_has_no_outlook() -> None:
+    assert project([], 100.0) is None
+
+
+def test_before_any_answer_every_request_counts_at_its_final_size() -> None:
+    outlook = project(flights(10, age_s=3.0), None)
+    assert outlook is not None
+    assert outlook.peaks == (11_000.0,) and outlook.now_tokens == 11_000.0
+    assert outlook.room(22_000) == pytest.approx(10.0)  # ten more of 1,100 tokens
+
+
+def test_a_young_cohort_leaves_room_only_beside_its_peak() -> None:
+    """Ten requests admitted together grow together: newcomers admitted now grow with them."""
+    outlook = project(flights(10, age_s=0.0), 100.0)  # 100 tokens a second: a 10 s life
+    assert outlook is not None
+    assert outlook.now_tokens == pytest.approx(1_000.0)  # prompts only, for now
+    assert outlook.peaks[-1] == pytest.approx(11_000.0)  # all at their final size at the end
+    assert outlook.room(22_000) == pytest.approx(10.0)  # as if every request were at its final size
+
+
+def test_old_requests_about_to_end_free_their_room_for_newcomers() -> None:
+    ending = project(flights(10, age_s=9.5), 100.0)  # half a second left of a 10 s life
+    assert ending is not None
+    assert ending.peaks[0] == pytest.approx(11_000.0) and ending.peaks[1:] == (0.0,) * (SLICES - 1)
+    # newcomers share only the first slice with them: 1,000 tokens of room at 100 + 1,000/16 each
+    assert ending.room(12_000) == pytest.approx(1_000 / (100 + 1_000 / SLICES))
+    young = project(flights(10, age_s=0.0), 100.0)
+    assert young is not None and young.room(12_000) == pytest.approx(1_000 / 1_100)
+
+
+def test_spread_ages_fit_more_than_counting_every_request_at_its_final_size() -> None:
+    """Steady state: ages spread over the life, the cache holds about half of the final sizes."""
+    spread = [f for age in range(10) for f in flights(2, age_s=age + 0.5)]  # 20 requests, 0.5-9.5 s old
+    outlook = project(spread, 100.0)
+    assert outlook is not None
+    assert outlook.now_tokens == pytest.approx(20 * 100 + 2 * sum(100 * (a + 0.5) for a in range(10)))
+    final_size_room = (22_000 - 20 * 1_100) / 1_100  # 0: the final-size count admits nobody
+    assert outlook.room(22_000) > final_size_room + 5
+
+
+def test_a_request_past_its_expected_output_is_expected_halfway_to_its_cap() -> None:
+    overdue = project([Flight(100.0, 1000.0, 3000, age_s=20.0)], 100.0)  # made 2,000 of an expected 1,000
+    assert overdue is not None
+    assert overdue.now_tokens == pytest.approx(2_100.0)
+    assert max(overdue.peaks) == pytest.approx(100 + 2_500)  # halfway from 2,000 to 3,000: 5 s more
+    assert overdue.peaks[SLICES // 2 :] == (0.0,) * (SLICES // 2)  # gone after 5 s of a 10 s horizon
+    at_cap = project([Flight(100.0, 1000.0, 1000, age_s=20.0)], 100.0)
+    assert at_cap is not None  # at its cap it ends now: it counts in the first slice only
+    assert at_cap.peaks[0] == pytest.approx(1_100.0) and at_cap.peaks[1] == 0.0
+
+
+def test_a_request_ending_within_a_slice_is_not_counted_beside_what_grows_after_it() -> None:
+    """The largest projection in a slice is where one request ends or at the slice's end, not the
+    sum of every request's largest size within it."""
+    ending = Flight(100.0, 1000.0, 4096, age_s=9.8)  # ends in 0.2 s, at 1,100 tokens
+    young = Flight(100.0, 1000.0, 4096, age_s=0.0)  # 100 tokens now, 162.5 at the slice's end
+    outlook = project([ending, young], 100.0)
+    assert outlook is not None
+    width = 10.0 / SLICES
+    assert outlook.peaks[0] == pytest.approx(max(1_100 + 100 + 100 * 0.2, 100 + 100 * width))
