@@ -112,9 +112,12 @@ def atomic_file(
     an ``OSError`` (a full disk above all) comes out as ``StoreWriteFailed`` naming ``path``, with
     ``needed_bytes`` (the caller's estimate of the file's size) in its message. ``writer`` goes into
     the temporary name when several processes may write one file at once (the parts of a run, each
-    rewriting the manifest), so none renames away another's temporary file.
+    rewriting the manifest), so that a part removes only its own leftovers; the process id ends it in
+    every case, so no writer renames away another's temporary file (the parts of a run both write
+    the run's summary at their end: with one temporary name, the second rename failed with ENOENT
+    and its part exited as if the disk had failed; seen once in CI).
     """
-    tmp = path.with_name(TMP_PREFIX + writer + path.name)
+    tmp = path.with_name(f"{TMP_PREFIX}{writer}{path.name}.{os.getpid()}")
     try:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as handle:
             yield handle

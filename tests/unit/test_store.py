@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -251,3 +254,23 @@ def test_parts_starting_at_once_never_take_each_others_temporary_manifest(tmp_pa
         list(pool.map(starts, (1, 2)))  # re-raises a failed rename
     manifest = RunStore(tmp_path / "run").read_manifest()
     assert manifest is not None and manifest["parts"] == 2
+
+
+def test_two_processes_rewriting_one_file_never_rename_away_each_others_temporary_file(
+    tmp_path: Path,
+) -> None:
+    """The parts of a run both write the run's summary at their end (seen failing once in CI)."""
+    target = tmp_path / "summary.json"
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom flows.store.run_store import write_json_atomically\n"
+        "for i in range(300):\n"
+        "    write_json_atomically({'writer': sys.argv[2], 'i': i}, Path(sys.argv[1]))\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(target), name], stderr=subprocess.PIPE)
+        for name in ("a", "b")
+    ]
+    errors = [proc.communicate(timeout=120)[1].decode() for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], errors
+    assert json.loads(target.read_text())["i"] == 299
+    assert not list(tmp_path.glob(".tmp-*"))
