@@ -38,13 +38,13 @@ class Lane(Generic[T]):
         self.endpoint = endpoint
         self.limit = limit
         self.in_flight = 0
-        self.footprints: dict[int, tuple[Footprint, float]] = {}
-        """This lane's requests in flight that the token budget counts, with when each was admitted."""
+        self.footprints: dict[Footprint, float] = {}
+        """This lane's requests in flight that the token budget counts, each with when it was admitted."""
         self.completed = 0
         self.life_s: float | None = None
         """How long this lane's requests hold their slot, a moving average of the completed ones."""
-        self._held_s = 0.0
         self._tokens = 0.0
+        """Output tokens per answer, averaged like ``life_s``: their ratio is the decode rate."""
         self.pacer = Pacer()
         """Spreads admissions when the law asks for it (``Decision.pace_per_s``); unpaced by default."""
         self.credit = math.inf
@@ -55,20 +55,19 @@ class Lane(Generic[T]):
         self.completed += 1
         weight = max(LIFE_ALPHA, 1.0 / self.completed)  # a plain mean of the first answers
         self.life_s = held_s if self.life_s is None else self.life_s + weight * (held_s - self.life_s)
-        self._held_s += weight * (held_s - self._held_s)
         self._tokens += weight * (completion_tokens - self._tokens)
 
     @property
     def tokens_per_s(self) -> float | None:
         """Output tokens a request makes per second it holds its slot (queue and prefill included, so
         it errs slow: projected requests end later, never earlier); None before any answer."""
-        if self._held_s <= 0 or self._tokens <= 0:
+        if not self.life_s or self._tokens <= 0:
             return None
-        return self._tokens / self._held_s
+        return self._tokens / self.life_s
 
     def flights(self, now: float) -> list[Flight]:
         """The counted requests in flight, each with its age, for the budget's outlook."""
-        return [footprint.flight(now - admitted) for footprint, admitted in self.footprints.values()]
+        return [footprint.flight(now - admitted) for footprint, admitted in self.footprints.items()]
 
     @property
     def room(self) -> int:
@@ -150,14 +149,14 @@ class Limiter(Generic[T]):
             lane.credit -= 1
             lane.in_flight += 1
             if footprint is not None:
-                lane.footprints[id(footprint)] = (footprint, now)
+                lane.footprints[footprint] = now
             return lane
 
     async def release(self, lane: Lane[T], footprint: Footprint | None = None) -> None:
         async with self._changed:
             lane.in_flight -= 1
             if footprint is not None:
-                lane.footprints.pop(id(footprint), None)
+                lane.footprints.pop(footprint, None)
             self._changed.notify_all()
 
     @contextlib.asynccontextmanager
