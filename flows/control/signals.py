@@ -55,6 +55,7 @@ LOAD_METRICS = frozenset(
         "vllm:num_requests_waiting",
         "vllm:num_preemptions_total",
         "vllm:generation_tokens_total",
+        "vllm:cache_config_info",
     }
 )
 
@@ -90,8 +91,12 @@ def parse_metrics(text: str) -> ServerSample | None:
     """SGLang or vLLM Prometheus text -> a sample; None when neither engine's load metrics are there."""
     values: dict[str, float] = {}
     totals: dict[str, float] = {}
+    vllm_cache: dict[str, str] = {}
     for name, labels, value in _samples(text):
         if name.startswith("sglang:") and not _rank0(labels):
+            continue
+        if name == "vllm:cache_config_info":
+            vllm_cache = vllm_cache or labels
             continue
         if name in ("sglang:generation_tokens_total", "vllm:generation_tokens_total"):
             totals[name] = totals.get(name, 0.0) + value  # one series per is_streaming label
@@ -114,9 +119,21 @@ def parse_metrics(text: str) -> ServerSample | None:
             running=_int(values.get("vllm:num_requests_running")),
             queued=_int(values.get("vllm:num_requests_waiting")),
             preemptions_total=values.get("vllm:num_preemptions_total", 0.0),
+            capacity_tokens=_vllm_capacity(vllm_cache),
             generation_tokens_total=totals.get("vllm:generation_tokens_total"),
         )
     return None
+
+
+def _vllm_capacity(cache_config: dict[str, str]) -> int | None:
+    """vLLM's KV pool in tokens, from the labels of ``vllm:cache_config_info`` (its value is always 1):
+    ``kv_cache_size_tokens`` (0.32), else ``num_gpu_blocks`` x ``block_size``. Without it the law has
+    no token budget on vLLM and admits by the usage gauge alone."""
+    size = cache_config.get("kv_cache_size_tokens", "")
+    if size.isdigit():
+        return int(size)
+    blocks, block = cache_config.get("num_gpu_blocks", ""), cache_config.get("block_size", "")
+    return int(blocks) * int(block) if blocks.isdigit() and block.isdigit() else None
 
 
 def parse_loads(document: dict[str, Any]) -> ServerSample | None:

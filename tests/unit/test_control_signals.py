@@ -55,7 +55,16 @@ def test_vllm_metrics_map_to_the_same_sample() -> None:
     assert sample.source == "vllm-metrics"
     assert (sample.running, sample.queued, sample.preemptions_total) == (10, 52, 2.0)
     assert sample.kv_usage is not None and abs(sample.kv_usage - 0.9677) < 1e-3
-    assert sample.capacity_tokens is None  # vLLM does not say: the law budgets by usage only
+    assert sample.capacity_tokens == 4096  # cache_config_info's kv_cache_size_tokens: the budget's pool
+
+
+def test_vllm_capacity_from_blocks_where_the_pool_size_label_is_missing() -> None:
+    text = _text("vllm-0.32.0/metrics_after_preemption.prom").replace('kv_cache_size_tokens="4096",', "")
+    sample = parse_metrics(text)
+    assert sample is not None and sample.capacity_tokens == 32 * 128  # num_gpu_blocks x block_size
+    bare = "\n".join(line for line in text.splitlines() if "cache_config_info" not in line)
+    no_config = parse_metrics(bare)
+    assert no_config is not None and no_config.capacity_tokens is None  # usage alone, as before
 
 
 def test_text_without_engine_metrics_is_no_sample() -> None:
