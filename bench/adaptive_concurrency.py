@@ -350,7 +350,9 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
             json.dumps({s: [o.__dict__ | {"samples": []} for o in v] for s, v in results.items()})
         )
     variants = [s for s in results if s.startswith("adaptive") and s != "adaptive" and results[s]]
-    for setting in [*variants, "adaptive"] if best else []:
+    if best is None:
+        return
+    for setting in [*variants, "adaptive"]:
         if results.get(setting):
             ratio = med(setting, "tok_s") / med(best, "tok_s")
             console.print(f"{setting} / best fixed ({best}): {ratio:.2f}x output tok/s")
