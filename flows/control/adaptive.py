@@ -20,7 +20,10 @@ The rules, checked in this order each tick (about once a second):
    A retraction during the hold, with the cache below ``kv_full``, is the same event (the requests
    admitted before the cut finishing their growth) and cuts nothing more.
 3. KV usage above ``target_kv``: the running requests still grow a token a step, so stop refills
-   (limit = in flight x target / usage) until it falls back. Waiting for ``kv_full`` is too late:
+   (limit = running x target / usage, both of the same reading) until it falls back. The reading
+   may be a second old: scaled by what is in flight now, a cohort that ended since the reading
+   took the limit with it (measured on the real SGLang: 79 cut to 24 while 52 ran at 0.96, then
+   five seconds of regrowth). Waiting for ``kv_full`` is too late:
    the gauges lag, and on the real SGLang the cache sat at 0.91-0.95 for five seconds before it
    reached 1.0 and retracted. A retraction costs more than its recompute: SGLang then raises its
    own admission estimate (``new_token_ratio``, to as much as 1.0 of every running request's
@@ -29,15 +32,16 @@ The rules, checked in this order each tick (about once a second):
 4. Budget in tokens, looking ahead (``outlook.py``): from each request's age, its category's expected
    prompt and output and the per-request decode rate, project what the requests in flight will
    hold over a newcomer's life; the budget is those in flight plus the newcomers that keep the
-   projection under ``target_kv`` of the pool all the while. ``occupancy`` (KV tokens actually used
+   projection under ``peak_kv`` of the pool all the while. ``occupancy`` (KV tokens actually used
    per modelled token now, a moving average) corrects the model. Counting every request at the
    average size let a cohort admitted together outgrow the cache at the end of its life; counting
    it at its final size keeps the cache half empty when ages are spread. The newcomers that fit are
-   the lane's admission credit until the next decision, apart from the limit: a request that ends
-   frees no credit, because the outlook already counted its end (as a cap on the number in flight,
-   every ending request was refilled at once on top of the room that its end had made; measured
-   on the simulator's long phase: a new cohort each life). The budget also stops growth, and it
-   reacts to a shift towards longer answers before the gauges show it.
+   the lane's admission credit, apart from the limit. A slot that frees is not room by itself (as
+   a cap on the number in flight, every ending request was refilled at once on top of the room
+   that its end had made; measured on the simulator's long phase: a new cohort each life): the
+   lane works the credit out again from the outlook when a request ends (``Lane.redo_credit``).
+   The budget also stops growth, and it reacts to a shift towards longer answers before the gauges
+   show it.
 5. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
    send (its admission rule or ``--max-running-requests``); trim to running + allowance.
 6. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
@@ -49,15 +53,16 @@ The rules, checked in this order each tick (about once a second):
    300-prompt run then ran 35 requests on average against fixed 64's 63 (a tenth of the run).
 7. Otherwise hold.
 
-Each decision also sets the lane's admission pace (``pacer.py``): after the slow start, refills of
-completed requests are admitted at most ``pace_factor`` times the limit's turnover (limit / request
-life, or the completions per second when they run faster: the life average lags, and after a
-back-off it still holds the requests the congestion slowed), plus what refills the deficit below
-the limit within a quarter of a request's life, with a small bucket; a raised limit's new room is
-granted at once. Without it, requests admitted together finish together and each freed slot
-refilled at once keeps the burst: with answers of one length the KV usage swings by half the pool
-once per request life and every peak is a back-off (measured on the simulator's long phase:
-bench/README.md).
+Each decision also sets the lane's admission pace (``pacer.py``) while the answers are of about one
+length: after the slow start, refills of completed requests are admitted at most ``pace_factor``
+times the limit's turnover (limit / request life, or the completions per second when they run
+faster: the life average lags, and after a back-off it still holds the requests the congestion
+slowed), plus what refills the deficit below the limit within a quarter of a request's life, with a
+small bucket, and never faster than the outlook's stream rate; a raised limit's new room is granted
+at once. Without it, requests of one length admitted together finish together and each freed slot
+refilled at once keeps the burst: the KV usage swings by half the pool once per request life
+(measured on the simulator's long phase: bench/README.md). Answers of spread lengths dissolve a
+burst on their own, and pacing them only delays refills (``pace_below_spread``).
 
 The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
 ~40 decode steps), at most an eighth of what is in flight: enough queued requests to refill the
@@ -78,9 +83,11 @@ from flows.control.signals import ServerSample
 class LawSettings:
     target_kv: float = 0.90
     kv_full: float = 0.99
-    peak_kv: float = 0.97
-    """The outlook keeps its projected peak under this share of the pool; the pace holds the mean
-    at ``target_kv``."""
+    peak_kv: float = 0.94
+    """The outlook keeps its projected peak under this share of the pool (the credit) and the
+    stream's level there (the pace). At 0.97 the real SGLang retracted once or twice per 300
+    requests once the credit was worked out again at every end; at 0.94 never, at 0.99x the
+    throughput (bench/README, ninth session)."""
     min_limit: int = 1
     max_limit: int = 1024
     initial_limit: int = 8
@@ -112,6 +119,16 @@ class LawSettings:
     """Admissions are paced at this many times the limit's turnover (limit / request life): ordinary
     completions refill at once, a burst of them is refilled over a little time (``pacer.py``). None:
     unpaced (``pace_admissions = false``)."""
+    pace_below_spread: float = 0.3
+    """Pace only while the answers' lengths vary less than this (coefficient of variation of their
+    output tokens). A burst of admissions whose lengths vary by ``cv`` spreads out on its own
+    within about 1/cv**2 request lives (its ends drift apart like a random walk): 11 lives at 0.3,
+    3 at 0.6 (two categories of 64 and 256 tokens), never when every answer runs to ``max_tokens``.
+    Paced, the refills of a burst that would dissolve anyway only wait: on the real SGLang the paced
+    law ran at 0.84x fixed 64 and the same law unpaced at 0.98x, both with no retraction, while on
+    the simulator's long phase (answers of one length) unpaced requests kept one cohort for the
+    whole phase and ran at 0.74x the best fixed setting against 0.85x paced (bench/README, ninth
+    session)."""
     pace_catch_up: float = 0.25
     """A deficit below the limit (a burst of completions) is refilled over at most this share of a
     request's life, on top of the turnover: paced at the turnover alone it is never made up
@@ -137,6 +154,9 @@ class Observation:
     total_vram_bytes: int | None = None
     request_life_s: float | None = None
     """How long a request holds its slot, averaged over the answers so far (None before any)."""
+    output_spread: float | None = None
+    """How much the answers differ in length: the coefficient of variation of their output tokens
+    over the last answers (None before any)."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +166,8 @@ class Decision:
     previous: int
     reason: str
     credit: int | None
-    """Admissions the token budget allows until the next decision (None: no budget). Not a cap on
-    in flight: a request that ends frees no credit, since the outlook already counted its end."""
+    """Admissions the token budget allows now (None: no budget). Not a cap on in flight: a slot
+    that frees is not room by itself; the lane works the credit out again when a request ends."""
     kv_usage: float | None
     running: int | None
     queued: int | None
@@ -159,12 +179,18 @@ class Decision:
     free_vram_bytes: int | None
     total_vram_bytes: int | None
     budget_limit: int | None
+    """Those in flight, the newcomers that fit beside them (the credit) and the ready queue: growth
+    stops here."""
     queue_allowance: int
     occupancy: float | None
     request_life_s: float | None = None
+    output_spread: float | None = None
     pace_per_s: float | None = None
     """Admissions per second the limiter allows this endpoint (None: unpaced)."""
     pace_burst: float = 1.0
+    budget_tokens: float | None = None
+    """The modelled KV tokens the outlook may reach (``peak_kv`` of the pool at the learned
+    occupancy): the lane works its credit out again from this when a request ends."""
 
 
 @dataclass
@@ -184,9 +210,6 @@ class AdaptiveLimit:
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
     _was_down: bool = False
     _last_free_vram: int | None = None
-    _last_at: float = 0.0
-    _mean_usage: float | None = None
-    _mean_completions: float = 0.0
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -203,13 +226,15 @@ class AdaptiveLimit:
         retractions = self._retractions(server)
         self._learn_occupancy(obs)
         allowance = self._queue_allowance(obs)
-        budget = self._budget_limit(obs, allowance)
+        budget_tokens = self._budget_tokens(obs)
+        budget = credit = None
+        if budget_tokens is not None and obs.outlook is not None:
+            # those in flight, the newcomers that fit beside them, the ready queue
+            budget = obs.in_flight + math.floor(obs.outlook.room(budget_tokens)) + allowance
+            credit = obs.outlook.credit(budget_tokens)
         current = self._limit
         target, reason = self._target(obs, retractions, restarted, budget, allowance)
         self._limit = _clamp(target, s.min_limit, s.max_limit)
-        credit = None if budget is None else max(budget - allowance - obs.in_flight, 0)
-        self._average_over_a_life(obs)
-        self._last_at = obs.at
         pace, burst = self._pace(obs)
         return Decision(
             at=obs.at,
@@ -228,9 +253,11 @@ class AdaptiveLimit:
             free_vram_bytes=obs.free_vram_bytes,
             total_vram_bytes=obs.total_vram_bytes,
             budget_limit=budget,
+            budget_tokens=budget_tokens,
             queue_allowance=allowance,
             occupancy=self._occupancy,
             request_life_s=obs.request_life_s,
+            output_spread=obs.output_spread,
             pace_per_s=pace,
             pace_burst=burst,
         )
@@ -271,7 +298,8 @@ class AdaptiveLimit:
             self._slow_start = False
             return backed, f"back off: {why}"
         if usage is not None and usage > s.target_kv and obs.in_flight > 0:
-            over = math.floor(min(current, obs.in_flight) * s.target_kv / usage)
+            seen = server.running if server is not None and server.running else obs.in_flight
+            over = math.floor(min(current, seen) * s.target_kv / usage)
             if over < current:
                 self._slow_start = False
                 return max(over, s.min_limit), f"over target: KV usage {usage:.2f}, no refills until it falls"
@@ -338,47 +366,33 @@ class AdaptiveLimit:
         return came_back or counter_back or resized
 
     def _pace(self, obs: Observation) -> tuple[float | None, float]:
-        """Admissions per second and bucket size: ``pace_factor`` x limit / the measured request life.
+        """Admissions per second and bucket size: ``pace_factor`` x limit / the measured request life,
+        and never faster than the outlook's stream rate.
 
-        None during the slow start, while the endpoint is down, and before any answer came back. The
+        None during the slow start, while the endpoint is down, before any answer came back, and
+        while the answers' lengths vary by ``pace_below_spread`` or more. The
         life is the client's own measure of how long answered requests held their slot: the first
-        answers are the short ones, so early on it errs towards a faster pace, never a stall.
+        answers are the short ones, so early on it errs towards a faster pace, never a stall. The
+        stream rate (``Outlook.stream_rate``) is what the cache holds with ages spread: admitted
+        faster, requests pile up until the credit stops admissions, and the cohort they form ends
+        together and opens the room at once, so the cache swings by half the pool once per life.
         """
         s = self.settings
         burst = max(2.0, self._limit * s.pace_burst_share)
         life = obs.request_life_s
         if s.pace_factor is None or self._slow_start or not obs.healthy or not life or life <= 0:
             return None, burst
+        if obs.output_spread is None or obs.output_spread >= s.pace_below_spread:
+            return None, burst  # answers of spread lengths dissolve a burst on their own
         turnover = s.pace_factor * max(self._limit / life, obs.completions_per_s)
         pace = turnover + max(self._limit - obs.in_flight, 0) / (s.pace_catch_up * life)
-        sustainable = self._sustainable_rate()
-        if sustainable is not None:
-            pace = min(pace, s.pace_factor * sustainable)
+        budget_tokens = self._budget_tokens(obs)
+        stream = (
+            None if budget_tokens is None or obs.outlook is None else obs.outlook.stream_rate(budget_tokens)
+        )
+        if stream is not None:
+            pace = min(pace, stream)
         return pace, burst
-
-    def _average_over_a_life(self, obs: Observation) -> None:
-        """The cache's usage and the completions per second, averaged over a request's life."""
-        server, life = obs.server, obs.request_life_s
-        if server is None or server.kv_usage is None or not life:
-            return
-        if self._mean_usage is None:
-            self._mean_usage, self._mean_completions = server.kv_usage, obs.completions_per_s
-            return
-        weight = 1.0 - math.exp(-max(obs.at - self._last_at, 0.0) / life)
-        self._mean_usage += weight * (server.kv_usage - self._mean_usage)
-        self._mean_completions += weight * (obs.completions_per_s - self._mean_completions)
-
-    def _sustainable_rate(self) -> float | None:
-        """Admissions per second that bring the cache's mean usage to ``target_kv`` (Little's law on
-        KV tokens): the completions per second scaled by target / mean usage, over a life.
-
-        Admitted faster, requests pile up until the budget's credit stops admissions, and the cohort
-        they form ends together and opens the room at once: the cache then swings by half the pool
-        once per life. Admitted at this rate, ages spread and the cache holds about the target.
-        """
-        if self._mean_usage is None:
-            return None
-        return self._mean_completions * self.settings.target_kv / max(self._mean_usage, 0.05)
 
     def _learn_occupancy(self, obs: Observation) -> None:
         """KV tokens used per modelled token of the requests running (a moving average): what the
@@ -403,14 +417,11 @@ class AdaptiveLimit:
         ratio = min(max(server.kv_usage * server.capacity_tokens / modelled, s.min_occupancy), 1.5)
         self._occupancy += s.occupancy_alpha * (ratio - self._occupancy)
 
-    def _budget_limit(self, obs: Observation, allowance: int) -> int | None:
-        """How many requests fit with the outlook under ``target_kv`` of the pool all the while: those
-        in flight plus the newcomers that fit beside them, plus the ready queue."""
-        server, outlook = obs.server, obs.outlook
-        if server is None or server.capacity_tokens is None or outlook is None:
+    def _budget_tokens(self, obs: Observation) -> float | None:
+        """The modelled tokens that fill ``peak_kv`` of the pool at the occupancy learned so far."""
+        if obs.server is None or obs.server.capacity_tokens is None:
             return None
-        budget_tokens = self.settings.peak_kv * server.capacity_tokens / self._occupancy
-        return obs.in_flight + math.floor(outlook.room(budget_tokens)) + allowance
+        return self.settings.peak_kv * obs.server.capacity_tokens / self._occupancy
 
     def _queue_allowance(self, obs: Observation) -> int:
         """Completions until the next fresh reading, at most an eighth of what is in flight.

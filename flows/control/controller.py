@@ -86,6 +86,7 @@ class EndpointController:
             outlook=outlook,
             completions_per_s=self._rate,
             request_life_s=self.lane.life_s,
+            output_spread=self.lane.output_spread,
             healthy=self.lane.endpoint.guard.up,
             free_vram_bytes=memory.free_bytes if memory else None,
             total_vram_bytes=memory.total_bytes if memory else None,
@@ -94,6 +95,7 @@ class EndpointController:
         self.lane.pacer.set(decision.pace_per_s, decision.pace_burst, time.monotonic())
         self.lane.pacer.grant(decision.limit - decision.previous)
         self.lane.credit = math.inf if decision.credit is None else decision.credit
+        self.lane.budget_tokens = decision.budget_tokens
         self.last, self.last_sample = decision, sample
         self.timeline.add(self.url, decision, sample, outlook)
         if decision.limit != decision.previous:

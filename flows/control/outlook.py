@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-SLICES = 16
+SLICES = 32
 """The newcomer's life is cut into this many slices; each keeps the largest projection within it."""
 
 
@@ -62,6 +62,35 @@ class Outlook:
             for j, peak in enumerate(self.peaks)
         )
 
+    def credit(self, budget_tokens: float) -> int:
+        """The newcomers that may be admitted now: ``room``, whole, never negative."""
+        return max(math.floor(self.room(budget_tokens)), 0)
+
+    def stream_rate(self, budget_tokens: float) -> float | None:
+        """Admissions per second that, kept up for a newcomer's whole life, keep the projection under
+        ``budget_tokens`` all the while (None before any answer: no decode rate, no life).
+
+        Newcomers admitted as a steady stream have spread ages: at ``rate`` a second, those admitted
+        by ``t`` hold ``rate x (prompt x t + decode rate x t**2 / 2)``. Where the requests in flight
+        are spread too, the stream replaces them as they end and the sum stays level; where they
+        form a cohort, its end is the constraint and the rate is about zero until it ends, then the
+        stream refills the cache over one life instead of forming the next cohort at once (the
+        credit alone re-formed a cohort every life: bench/README, eighth session). Each slice's
+        peak is set against the stream at the slice's middle: against its end the rate erred low by
+        what the requests in flight free within a slice (a thirty-second of their final sizes, 6 %
+        of the budget with ages spread), and this is a pace, not the credit's bound on the peak.
+        """
+        if not self.tokens_per_s or self.tokens_per_s <= 0:
+            return None
+        slices = len(self.peaks)
+        width = self.newcomer_output / self.tokens_per_s / slices
+        rates = []
+        for j, peak in enumerate(self.peaks):
+            t = (j + 0.5) * width
+            stream_tokens = self.newcomer_prompt * t + self.tokens_per_s * t * t / 2
+            rates.append((budget_tokens - peak) / max(stream_tokens, 1e-9))
+        return max(min(rates), 0.0)
+
 
 def expected_final_output(flight: Flight, done: float) -> float:
     """Past its category's expected output, a request is expected halfway between what it made and
@@ -77,7 +106,7 @@ def project(flights: Iterable[Flight], tokens_per_s: float | None) -> Outlook | 
     The projection rises as every request grows and drops where one ends, so its largest value in
     a slice is at one of the ends within it or at the slice's end: each is evaluated exactly (a
     request counted at its largest size within the slice over-counted by the requests ending in
-    it: about a sixteenth of them at their final size, 7 % of the pool on the simulator's long
+    it: a sixteenth of them at their final size was 7 % of the pool on the simulator's long
     phase).
     """
     items = list(flights)

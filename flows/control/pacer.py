@@ -21,6 +21,7 @@ pacing (a fixed limit, the slow start, or before the first answers come back).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -58,6 +59,8 @@ class Pacer:
         self._refill(now)
         if self._tokens >= 1.0:
             return 0.0
+        if self.rate_per_s <= 0.0:
+            return math.inf  # nothing until the next rate (a cohort at the budget: wait for its end)
         wait = (1.0 - self._tokens) / self.rate_per_s
         if self._due is None:
             self._due = now + wait

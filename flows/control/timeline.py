@@ -103,4 +103,5 @@ def observation_from_row(row: dict[str, Any]) -> Observation:
         free_vram_bytes=row.get("free_vram_bytes"),
         total_vram_bytes=row.get("total_vram_bytes"),
         request_life_s=row.get("request_life_s"),
+        output_spread=row.get("output_spread"),
     )

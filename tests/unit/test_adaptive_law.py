@@ -49,6 +49,7 @@ def obs(
     rate: float = 2.0,
     healthy: bool = True,
     life: float | None = None,
+    spread: float | None = 0.0,
 ) -> Observation:
     return Observation(
         at=at,
@@ -59,6 +60,7 @@ def obs(
         completions_per_s=rate,
         healthy=healthy,
         request_life_s=life,
+        output_spread=spread,
     )
 
 
@@ -90,6 +92,16 @@ def test_stops_growing_at_the_target_usage_and_stops_refills_above_it() -> None:
     # the cache reaches full and the server retracts (the real SGLang: 0.91-0.95 for 5 s, then 1.0)
     over = law.observe(obs(2, server(0.95, 40), 40, per_request=350))
     assert over.reason.startswith("over target") and over.limit == 37  # 40 x 0.90 / 0.95
+
+
+def test_over_the_target_the_cut_scales_what_ran_at_the_reading_not_what_is_left_since() -> None:
+    """The gauges refresh every ~40 decode steps: a reading of 0.96 with 52 running may come after
+    half of them ended. The limit is what keeps 52's usage at the target; the ended half's room is
+    refilled (by the budget's credit), not taken away with them."""
+    law = AdaptiveLimit(LawSettings(initial_limit=79, target_kv=0.9))
+    law._slow_start = False
+    stale = law.observe(obs(1, server(0.96, 52), 26, per_request=350))
+    assert stale.reason.startswith("over target") and stale.limit == 48  # 52 x 0.90 / 0.96
 
 
 def test_a_retraction_backs_off_below_in_flight_and_holds_growth_for_a_request_life() -> None:
@@ -316,15 +328,39 @@ def test_the_budget_admits_beside_requests_about_to_end_not_beside_a_young_cohor
     assert spread >= young + 20
 
 
-def test_admissions_are_paced_no_faster_than_brings_the_mean_usage_to_the_target() -> None:
-    """Little's law on KV tokens: 4 completions a second hold the cache 45 % full on average over a
-    request's life, so 8 admissions a second would hold it at the 90 % target. Refilling a cohort's
-    slots faster than that makes the next cohort."""
-    law = AdaptiveLimit(LawSettings(initial_limit=40))
-    law._slow_start = False
-    for at in range(30):  # three lives of 10 s
-        decision = law.observe(obs(at, server(0.45, 10), 10, waiting=30, rate=4.0, life=10.0))
-    assert decision.pace_per_s == pytest.approx(1.1 * 4.0 * 0.9 / 0.45)
-    # a burst of completions: the usage swings, the average over a life hardly moves
-    burst = law.observe(obs(30, server(0.1, 10), 10, waiting=30, rate=20.0, life=10.0))
-    assert burst.pace_per_s is not None and burst.pace_per_s < 1.1 * 20.0
+def test_admissions_are_paced_at_the_stream_that_the_outlook_allows() -> None:
+    """A young cohort at the budget: refilling anything before it ends makes it outgrow the cache,
+    so the pace is zero; when it is about to end, the pace is the stream that fills the budget over
+    one life (not the cohort's size at once: that forms the next cohort in the same phase)."""
+
+    def pace(count: int, age_s: float) -> float | None:
+        outlook = project([Flight(50.0, 300.0, 512, age_s) for _ in range(count)], tokens_per_s=100.0)
+        law = AdaptiveLimit(LawSettings(initial_limit=40))
+        law._slow_start = False
+        usage = outlook.now_tokens / CAPACITY if outlook else 0.0
+        decision = law.observe(
+            Observation(
+                1, server(usage, count), count, 30, outlook, 2.0, request_life_s=1.0, output_spread=0.0
+            )
+        )
+        return decision.pace_per_s  # (a life measured at 1 s keeps the turnover's pace, 44 a second, above)
+
+    assert pace(46, 0.0) == 0.0  # 46 x 350 = 16,100 tokens in 3 s, over 97 % of the pool
+    ending = pace(40, 2.99)
+    life, budget = 3.0, PEAK * CAPACITY
+    assert ending == pytest.approx(budget / (life * (50 + 300 / 2)), rel=0.05)  # about 26 a second
+
+
+def test_answers_of_spread_lengths_are_not_paced() -> None:
+    """A burst of admissions whose answers differ in length ends spread out: pacing its refills only
+    makes them wait. Answers of one length keep a burst together, and are paced."""
+    settings = LawSettings(initial_limit=40)
+
+    def pace(spread: float | None) -> float | None:
+        law = AdaptiveLimit(settings)
+        law._slow_start = False
+        return law.observe(obs(1, server(0.5, 30), 30, waiting=20, life=10.0, spread=spread)).pace_per_s
+
+    assert pace(0.0) is not None and pace(settings.pace_below_spread * 0.9) is not None
+    assert pace(settings.pace_below_spread) is None and pace(0.6) is None
+    assert pace(None) is None  # no answer yet: nothing known to pace by

@@ -57,17 +57,21 @@ def test_replay_is_deterministic_bounded_and_backs_off_on_every_retraction() -> 
 
 OUTLOOK_RUN = RECORDED.with_name("sglang_0.5.23_outlook_300.parquet")
 """The same workload recorded with the outlook's budget (the timeline of a `--settings adaptive` run of
-`bench.adaptive_concurrency --keep DIR`, 2026-12-02): no retraction in it."""
+`bench.adaptive_concurrency --keep DIR`, 2026-12-02, re-recorded when the credit became redone at
+every end): one retraction in it, answers of spread lengths (so unpaced)."""
 
 
 def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None:
-    """The timeline holds the outlook the law was given, so today's law gives the recorded limits,
-    credits and paces again. A change to the law changes them: record the run again."""
+    """The timeline holds the outlook and the answers' spread the law was given, so today's law gives
+    the recorded limits, credits and paces again. A change to the law changes them: record the run
+    again."""
     rows = pq.read_table(OUTLOOK_RUN).to_pylist()
     law = AdaptiveLimit(law_settings(ConcurrencyConfig()))
     replayed = [law.observe(observation_from_row(row)) for row in rows]
     assert [(d.limit, d.credit, d.pace_per_s) for d in replayed] == [
         (r["limit"], r["credit"], r["pace_per_s"]) for r in rows
     ]
-    assert sum(r["retractions"] for r in rows) == 0
+    backed_off = [d for d, r in zip(replayed, rows, strict=True) if r["retractions"]]
+    assert len(backed_off) == 1 and backed_off[0].limit < backed_off[0].previous
     assert any(r["credit"] == 0 and r["waiting"] for r in rows)  # the budget held prompts back
+    assert all(d.pace_per_s is None for d in replayed)  # lengths of 64 and 256 tokens: unpaced

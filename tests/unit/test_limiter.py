@@ -3,6 +3,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from flows.control.limit import FixedLimit
 from flows.control.limiter import Lane, Limiter
 from flows.control.outlook import Flight
@@ -102,8 +104,8 @@ def test_a_lanes_request_life_is_the_mean_of_its_first_answers_then_a_moving_ave
     assert 9.9 < lane.life_s < 10.0  # follows a shift to longer answers
 
 
-async def test_a_spent_credit_admits_nobody_until_the_next_decision_whatever_is_released() -> None:
-    """The outlook counted the ends of the requests in flight: their slots are not room again."""
+async def test_a_spent_credit_admits_nobody_until_the_next_decision_without_a_budget_to_redo_it() -> None:
+    """A slot freed is not room: the outlook counted the ends of the requests in flight."""
     lane: Lane[str] = Lane("a", FixedLimit(10))
     limiter: Limiter[str] = Limiter([lane])
     lane.credit = 2
@@ -126,6 +128,20 @@ def test_a_lanes_decode_rate_weighs_answers_by_their_tokens() -> None:
     lane.finished(10.0, completion_tokens=1000)
     lane.finished(5.0, completion_tokens=10)
     assert lane.tokens_per_s == (1000 + 10) / (10.0 + 5.0)
+
+
+def test_a_lanes_output_spread_tells_answers_of_one_length_from_a_mix() -> None:
+    alike: Lane[str] = Lane("a", FixedLimit(1))
+    assert alike.output_spread is None
+    for _ in range(50):
+        alike.finished(10.0, completion_tokens=4096)
+    assert alike.output_spread == pytest.approx(0.0, abs=1e-6)
+    mixed: Lane[str] = Lane("b", FixedLimit(1))
+    for _ in range(50):
+        mixed.finished(2.0, completion_tokens=64)
+        mixed.finished(8.0, completion_tokens=256)
+    # two lengths in equal shares: a standard deviation of 96 on a mean of 160
+    assert mixed.output_spread == pytest.approx(96 / 160, rel=0.1)
 
 
 class Footprint:
@@ -207,3 +223,33 @@ async def test_a_cancelled_waiter_at_the_head_lets_the_next_one_in() -> None:
     await limiter.release(first)
     lane = await asyncio.wait_for(behind, 1)
     assert lane.endpoint == "a" and limiter.in_flight == 1 and limiter.waiting == 0
+
+
+async def test_a_request_that_ends_between_decisions_frees_the_credit_its_end_makes() -> None:
+    """Two requests that will hold 200 tokens each leave no room for a third under a budget of 450;
+    when one ends, the credit is worked out again at once, not at the next decision."""
+    lane: Lane[str] = Lane("a", FixedLimit(10))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.finished(1.0, completion_tokens=100)  # 100 tokens a second: a 1 s life
+    lane.budget_tokens, lane.credit = 450.0, 2
+    first, second = Footprint(100.0), Footprint(100.0)
+    await limiter.acquire(first)
+    await limiter.acquire(second)
+    waiter = asyncio.create_task(limiter.acquire(Footprint(100.0)))
+    await asyncio.sleep(0.01)
+    assert not waiter.done() and lane.credit == 0
+    await limiter.release(lane, first)
+    assert await asyncio.wait_for(waiter, 1) is lane and lane.credit == 0  # the one newcomer that fits
+
+
+async def test_a_lane_paced_at_zero_admits_again_when_the_next_decision_paces_it() -> None:
+    lane: Lane[str] = Lane("a", FixedLimit(10))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.pacer.set(0.0, burst=1.0, now=time.monotonic())
+    await limiter.acquire()  # the bucket
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    lane.pacer.set(1000.0, burst=1.0, now=time.monotonic())
+    await limiter.notify()
+    assert await asyncio.wait_for(waiter, 1) is lane

@@ -32,10 +32,10 @@ def test_a_young_cohort_leaves_room_only_beside_its_peak() -> None:
 
 
 def test_old_requests_about_to_end_free_their_room_for_newcomers() -> None:
-    ending = project(flights(10, age_s=9.5), 100.0)  # half a second left of a 10 s life
+    ending = project(flights(10, age_s=10.0 - 5.0 / SLICES), 100.0)  # half a slice left of a 10 s life
     assert ending is not None
     assert ending.peaks[0] == pytest.approx(11_000.0) and ending.peaks[1:] == (0.0,) * (SLICES - 1)
-    # newcomers share only the first slice with them: 1,000 tokens of room at 100 + 1,000/16 each
+    # newcomers share only the first slice with them: 1,000 tokens of room at 100 + 1,000/SLICES each
     assert ending.room(12_000) == pytest.approx(1_000 / (100 + 1_000 / SLICES))
     young = project(flights(10, age_s=0.0), 100.0)
     assert young is not None and young.room(12_000) == pytest.approx(1_000 / 1_100)
@@ -71,3 +71,28 @@ def test_a_request_ending_within_a_slice_is_not_counted_beside_what_grows_after_
     assert outlook is not None
     width = 10.0 / SLICES
     assert outlook.peaks[0] == pytest.approx(max(1_100 + 100 + 100 * 0.2, 100 + 100 * width))
+
+
+def test_a_stream_keeps_spread_ages_level_at_one_request_per_life_each() -> None:
+    """200 requests with ages spread over a 10 s life hold 120,000 tokens (their ends, 0.05 s apart,
+    add up to 500 more): a stream of 20 a second replaces them as they end and holds the same."""
+    spread = [Flight(100.0, 1000.0, 4096, age_s=(i + 0.5) * 0.05) for i in range(200)]
+    outlook = project(spread, 100.0)
+    assert outlook is not None and outlook.now_tokens == pytest.approx(120_000.0)
+    rate = outlook.stream_rate(121_000)
+    assert rate is not None and 0.9 * 20 < rate < 1.05 * 20
+
+
+def test_a_stream_waits_for_a_cohort_at_the_budget_then_refills_over_a_life() -> None:
+    young = project(flights(10, age_s=0.0), 100.0)  # 11,000 tokens at their end, in 10 s
+    assert young is not None and young.stream_rate(11_000) == 0.0
+    ending = project(flights(10, age_s=10.0 - 5.0 / SLICES), 100.0)
+    assert ending is not None
+    # once they are gone the stream fills the budget in one life: 12,000 / (10 s x (100 + 1,000 / 2))
+    rate = ending.stream_rate(12_000)
+    assert rate is not None and rate == pytest.approx(12_000 / (10 * 600), rel=0.05)
+
+
+def test_no_stream_rate_before_any_answer() -> None:
+    outlook = project(flights(10, age_s=3.0), None)
+    assert outlook is not None and outlook.stream_rate(22_000) is None

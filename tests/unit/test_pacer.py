@@ -103,3 +103,15 @@ def test_nothing_is_owed_for_a_quiet_spell_or_a_wait_for_room() -> None:
         pacer.take(30.0)
         admitted += 1
     assert admitted == 2  # thirty seconds without room earned one bucket, not 300 admissions at once
+
+
+def test_a_rate_of_zero_admits_the_bucket_then_nothing_until_a_new_rate() -> None:
+    """The law paces at zero while a cohort at the budget has yet to end (the outlook's stream)."""
+    pacer = Pacer()
+    pacer.set(0.0, burst=2.0, now=0.0)
+    for _ in range(2):
+        assert pacer.wait_s(0.0) == 0.0
+        pacer.take(0.0)
+    assert pacer.wait_s(100.0) == float("inf")
+    pacer.set(10.0, burst=2.0, now=100.0)
+    assert pacer.wait_s(100.0) == pytest.approx(0.1)
