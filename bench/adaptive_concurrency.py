@@ -54,7 +54,7 @@ from rich.table import Table
 from bench.spinner import busy_core
 from flows.control.signals import ServerSample, parse_metrics
 from prompts.synthetic import write_synthetic_prompts
-from sglang_launch.launcher import free_port
+from sglang_launch.launcher import free_port, remove_leftover_shm, shm_files
 
 console = Console(width=140)
 ENGINES = Path(__file__).resolve().parents[2] / "shared" / "engines"
@@ -282,6 +282,7 @@ def main() -> None:
             write_synthetic_prompts(source, per_category, tag=f"c{i}-", max_words=400)
             sources.append((f"max{budget}", source, budget))
         port = free_port("127.0.0.1")
+        shm_before = shm_files()
         server = start_server(args.engine, port, args, tmp / "server.log")
         url = f"http://127.0.0.1:{port}"
         try:
@@ -313,6 +314,7 @@ def main() -> None:
                     )
         finally:
             stop(server)
+            remove_leftover_shm(shm_before)  # SGLang's load slots, one file per server otherwise
     print_table(results, args)
 
 

@@ -141,7 +141,8 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _shm_files() -> set[Path]:
+def shm_files() -> set[Path]:
+    """The /dev/shm files SGLang leaves behind unless they are removed (``_LEFTOVER_GLOBS``)."""
     if not _SHM_DIR.is_dir():
         return set()
     return {path for pattern in _LEFTOVER_GLOBS for path in _SHM_DIR.glob(pattern)}
@@ -166,14 +167,14 @@ def _shm_files_in_use() -> set[Path]:
     return {path for path in in_use if path.parent == _SHM_DIR}
 
 
-def _remove_leftover_shm(existed_before: set[Path]) -> None:
+def remove_leftover_shm(existed_before: set[Path]) -> None:
     """Remove the /dev/shm files our server left: new since its spawn, ours, and used by nobody.
 
     Called once its process group is gone. A file another live server uses is still open or
     mapped there, and files that existed before the spawn are never touched.
     """
     uid = os.geteuid()
-    for path in _shm_files() - existed_before - _shm_files_in_use():
+    for path in shm_files() - existed_before - _shm_files_in_use():
         with contextlib.suppress(OSError):
             if path.stat().st_uid == uid:
                 path.unlink()
@@ -201,7 +202,7 @@ class ServerProcess:
         log = log_path.open("wb")
         log.write(header.encode())
         log.flush()
-        self._shm_before = _shm_files()
+        self._shm_before = shm_files()
         try:
             self.popen = subprocess.Popen(
                 argv,
@@ -260,7 +261,7 @@ class ServerProcess:
                 self._wait_gone(_KILL_WAIT_S)
         self.popen.wait()
         self._pump.join(timeout=_KILL_WAIT_S)
-        _remove_leftover_shm(self._shm_before)
+        remove_leftover_shm(self._shm_before)
         self._stopped = True
 
 
