@@ -235,7 +235,7 @@ class AdaptiveLimit:
         current = self._limit
         target, reason = self._target(obs, retractions, restarted, budget, allowance)
         self._limit = _clamp(target, s.min_limit, s.max_limit)
-        pace, burst = self._pace(obs)
+        pace, burst = self._pace(obs, budget_tokens)
         return Decision(
             at=obs.at,
             limit=self._limit,
@@ -365,7 +365,7 @@ class AdaptiveLimit:
             self._last_capacity = capacity
         return came_back or counter_back or resized
 
-    def _pace(self, obs: Observation) -> tuple[float | None, float]:
+    def _pace(self, obs: Observation, budget_tokens: float | None) -> tuple[float | None, float]:
         """Admissions per second and bucket size: ``pace_factor`` x limit / the measured request life,
         and never faster than the outlook's stream rate.
 
@@ -386,7 +386,6 @@ class AdaptiveLimit:
             return None, burst  # answers of spread lengths dissolve a burst on their own
         turnover = s.pace_factor * max(self._limit / life, obs.completions_per_s)
         pace = turnover + max(self._limit - obs.in_flight, 0) / (s.pace_catch_up * life)
-        budget_tokens = self._budget_tokens(obs)
         stream = (
             None if budget_tokens is None or obs.outlook is None else obs.outlook.stream_rate(budget_tokens)
         )

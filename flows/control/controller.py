@@ -15,7 +15,6 @@ import time
 from flows.client.guard import Endpoint
 from flows.control.adaptive import AdaptiveLimit, Decision, Observation
 from flows.control.limiter import Lane, Limiter
-from flows.control.outlook import project
 from flows.control.signals import ServerSample, SignalReader, with_capacity
 from flows.control.timeline import Timeline
 from flows.control.vram import VramReader, VramSample
@@ -77,7 +76,7 @@ class EndpointController:
     def tick(self, at: float, sample: ServerSample | None, memory: VramSample | None = None) -> Decision:
         """One decision from what the lane, the server and the GPUs say now."""
         lane = self.lane
-        outlook = project(lane.flights(time.monotonic()), lane.tokens_per_s)
+        outlook = lane.outlook(time.monotonic())
         observation = Observation(
             at=at,
             server=sample,

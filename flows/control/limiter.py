@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Generic, Protocol, TypeVar
 
 from flows.control.limit import Limit
-from flows.control.outlook import Flight, project
+from flows.control.outlook import Flight, Outlook, project
 from flows.control.pacer import Pacer
 
 T = TypeVar("T")
@@ -84,6 +84,10 @@ class Lane(Generic[T]):
         """The counted requests in flight, each with its age, for the budget's outlook."""
         return [footprint.flight(now - admitted) for footprint, admitted in self.footprints.items()]
 
+    def outlook(self, now: float) -> Outlook | None:
+        """What the counted requests in flight will hold over a newcomer's life (``outlook.py``)."""
+        return project(self.flights(now), self.tokens_per_s)
+
     def redo_credit(self, now: float) -> None:
         """The credit again, once spent, from the requests in flight now and the last decision's
         token budget.
@@ -95,7 +99,7 @@ class Lane(Generic[T]):
         """
         if self.budget_tokens is None or self.credit >= 1:
             return  # unspent: nothing waits for it (a projection is 0.1 ms at 60 in flight, 0.5 at 256)
-        outlook = project(self.flights(now), self.tokens_per_s)
+        outlook = self.outlook(now)
         if outlook is not None:
             self.credit = outlook.credit(self.budget_tokens)
 
