@@ -15,7 +15,11 @@ Settings run in an interleaved order (A B C ..., then rotated), repeated; the ta
   (``summary.json``'s ``seconds``: from the first prompt read to the end, without the process's
   start-up, which is the same for every setting and would pull every ratio towards 1);
 - retractions (SGLang) or preemptions (vLLM) per 1,000 requests, from the server's counter;
-- starved: share of 1 s samples in which the server queue was empty while KV usage was < 0.8;
+- starved: share of 1 s samples in which the server queue was empty while KV usage was < 0.8, over
+  the whole run ("starved") and while the client still had prompts to send ("starved sending": from
+  the first request sent to the last, read from the rows' ``created_at - latency_s``). On a run of
+  20 s the process start-up, the first fill and the drain after the last prompt are a third of the
+  samples, alike for every setting; no law can feed a server from prompts it no longer has;
 - p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
 
 With ``--keep DIR`` each run's directory also holds its ``-v`` log, its 1 s server readings
@@ -66,6 +70,7 @@ class Outcome:
     tok_s: float
     retractions_per_1k: float
     starved: float
+    starved_sending: float
     p50: float
     p99: float
     cpu_s: float
@@ -83,6 +88,8 @@ class Poller(threading.Thread):
         self.url, self.hz = url, hz
         self.samples: list[ServerSample] = []
         self.times: list[float] = []
+        self.walls: list[float] = []
+        """The same moments as wall-clock seconds, to set beside the rows' ``created_at``."""
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -99,6 +106,7 @@ class Poller(threading.Thread):
                 if sample is not None:
                     self.samples.append(sample)
                     self.times.append(time.monotonic())
+                    self.walls.append(time.time())
 
 
 def read_sample(url: str) -> ServerSample:
@@ -203,30 +211,43 @@ def one_run(
     if result.returncode != 0:
         raise RuntimeError(result.stderr.decode()[-3000:])
     after = read_sample(url)
-    latencies = sorted(
-        value
+    rows = [
+        row
         for path in (run_dir / "data").rglob("*.parquet")
-        for value in pq.read_table(path, columns=["latency_s"]).column("latency_s").to_pylist()
-    )
+        for row in pq.read_table(path, columns=["latency_s", "created_at"]).to_pylist()
+    ]
+    latencies = sorted(row["latency_s"] for row in rows)
+    sent = [row["created_at"].timestamp() - row["latency_s"] for row in rows]
     samples = poller.samples
     write_gauges(run_dir / "gauges.jsonl", poller)
     if server_log:  # the server's own lines of this run (SGLang logs every prefill batch)
         with server_log.open("rb") as log:
             log.seek(log_from)
             (run_dir / "server.log").write_bytes(log.read())
-    starved = [s for s in samples if s.queued == 0 and (s.kv_usage or 0) < 0.8]
+    starved = [is_starved(s) for s in samples]
+    sending = [
+        hungry
+        for hungry, wall in zip(starved, poller.walls, strict=True)
+        if sent and min(sent) <= wall <= max(sent)
+    ]
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
     return Outcome(
         tok_s=generated / json.loads((run_dir / "summary.json").read_text())["seconds"],
         retractions_per_1k=1000 * retractions / max(requests, 1),
-        starved=len(starved) / max(len(samples), 1),
+        starved=sum(starved) / max(len(samples), 1),
+        starved_sending=sum(sending) / max(len(sending), 1),
         p50=latencies[len(latencies) // 2] if latencies else 0.0,
         p99=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0,
         cpu_s=(usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime),
         requests=len(latencies),
         peak_queue=max((s.queued or 0 for s in samples), default=0),
     )
+
+
+def is_starved(sample: ServerSample) -> bool:
+    """The server could have taken more: nothing queued and the KV cache below 0.8."""
+    return sample.queued == 0 and (sample.kv_usage or 0) < 0.8
 
 
 def write_gauges(path: Path, poller: Poller) -> None:
@@ -309,7 +330,8 @@ def main() -> None:
                     results[setting].append(outcome)
                     console.print(
                         f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
-                        f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%}, "
+                        f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%} "
+                        f"({outcome.starved_sending:.0%} sending), "
                         f"peak queue {outcome.peak_queue}, cpu {outcome.cpu_s:.1f} s"
                     )
         finally:
@@ -328,7 +350,17 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
         title=f"{args.engine}: {args.prompts} prompts, max_tokens {args.max_tokens}, KV pool "
         f"{args.max_total_tokens}, max running {args.max_running}; medians of {args.repeats}"
     )
-    columns = ["setting", "tok/s", "vs best fixed", "retr/1k req", "starved", "peak queue", "p50 s", "p99 s"]
+    columns = [
+        "setting",
+        "tok/s",
+        "vs best fixed",
+        "retr/1k req",
+        "starved",
+        "starved sending",
+        "peak queue",
+        "p50 s",
+        "p99 s",
+    ]
     for column in [*columns, "client CPU s"]:
         table.add_column(column, justify="left" if column == "setting" else "right")
     for setting, outcomes in results.items():
@@ -341,6 +373,7 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
             f"{ratio:.2f}x",
             f"{med(setting, 'retractions_per_1k'):.1f}",
             f"{med(setting, 'starved'):.0%}",
+            f"{med(setting, 'starved_sending'):.0%}",
             f"{med(setting, 'peak_queue'):.0f}",
             f"{med(setting, 'p50'):.2f}",
             f"{med(setting, 'p99'):.2f}",
