@@ -74,5 +74,14 @@ def server_info(url: str, api_key: str | None, ca_bundle: str | None = None) -> 
 
 def kv_capacity(info: dict[str, Any] | None) -> int | None:
     """The KV pool size in tokens from a server-info document; None if it does not say."""
-    value = (info or {}).get("max_total_num_tokens")
+    return _int_field(info, "max_total_num_tokens")
+
+
+def kv_page_tokens(info: dict[str, Any] | None) -> int | None:
+    """The KV pool's page size in tokens (SGLang's ``page_size``: a request holds whole pages)."""
+    return _int_field(info, "page_size")
+
+
+def _int_field(info: dict[str, Any] | None, name: str) -> int | None:
+    value = (info or {}).get(name)
     return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -15,10 +15,10 @@ import time
 from flows.client.guard import Endpoint
 from flows.control.adaptive import AdaptiveLimit, Decision, Observation
 from flows.control.limiter import Lane, Limiter
-from flows.control.signals import ServerSample, SignalReader, with_capacity
+from flows.control.signals import ServerSample, SignalReader, with_pool
 from flows.control.timeline import Timeline
 from flows.control.vram import VramReader, VramSample
-from sglang_launch.probe import kv_capacity, server_info
+from sglang_launch.probe import kv_capacity, kv_page_tokens, server_info
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class EndpointController:
         self.reader = SignalReader(client.endpoint, client.api_key, ca_bundle=client.ca_bundle)
         self.vram = vram
         self.capacity: int | None = None
+        self.page: int | None = None
         self.last: Decision | None = None
         self.last_sample: ServerSample | None = None
         self._rate = 0.0
@@ -57,12 +58,12 @@ class EndpointController:
     async def run(self) -> None:
         client = self.lane.endpoint.client
         info = await asyncio.to_thread(server_info, client.endpoint, client.api_key, client.ca_bundle)
-        self.capacity = kv_capacity(info)
+        self.capacity, self.page = kv_capacity(info), kv_page_tokens(info)
         started = time.monotonic()
         last_at, last_completed = started, self.lane.completed
         while True:
             await asyncio.sleep(self.poll_s)
-            sample = with_capacity(await self.reader.read(), self.capacity)
+            sample = with_pool(await self.reader.read(), self.capacity, self.page)
             memory = await self.vram.read() if self.vram is not None else None
             now = time.monotonic()
             done = self.lane.completed
@@ -76,6 +77,7 @@ class EndpointController:
     def tick(self, at: float, sample: ServerSample | None, memory: VramSample | None = None) -> Decision:
         """One decision from what the lane, the server and the GPUs say now."""
         lane = self.lane
+        lane.block_tokens = sample.block_tokens if sample is not None else None
         outlook = lane.outlook(time.monotonic())
         observation = Observation(
             at=at,

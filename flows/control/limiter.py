@@ -53,6 +53,9 @@ class Lane(Generic[T]):
         """Admissions the law's token budget allows now (``Decision.credit``, redone when a request ends)."""
         self.budget_tokens: float | None = None
         """The law's token budget (``Decision.budget_tokens``); None: no budget, no credit to redo."""
+        self.block_tokens: int | None = None
+        """The server's KV block (``ServerSample.block_tokens``): the outlook counts half of one more
+        per request, what rounding it up to whole blocks wastes on average."""
 
     def finished(self, held_s: float, completion_tokens: int = 0) -> None:
         """One request answered after holding its slot ``held_s`` seconds (all its turns)."""
@@ -86,7 +89,8 @@ class Lane(Generic[T]):
 
     def outlook(self, now: float) -> Outlook | None:
         """What the counted requests in flight will hold over a newcomer's life (``outlook.py``)."""
-        return project(self.flights(now), self.tokens_per_s)
+        pad = (self.block_tokens - 1) / 2 if self.block_tokens else 0.0
+        return project(self.flights(now), self.tokens_per_s, pad_tokens=pad)
 
     def redo_credit(self, now: float) -> None:
         """The credit again, once spent, from the requests in flight now and the last decision's

@@ -36,7 +36,10 @@ class ServerSample:
     preemptions_total: float | None = None
     """SGLang retractions or vLLM preemptions since the server started (absent before the first: 0)."""
     capacity_tokens: int | None = None
-    """KV pool size in tokens (SGLang only)."""
+    """KV pool size in tokens."""
+    block_tokens: int | None = None
+    """The pool's unit of allocation in tokens (vLLM's ``block_size``, SGLang's ``page_size``): a
+    request holds whole blocks, so each wastes about half a block beside its tokens."""
     max_running: int | None = None
     generation_tokens_total: float | None = None
     """Output tokens the server generated since it started (the benchmarks' throughput counter)."""
@@ -120,9 +123,14 @@ def parse_metrics(text: str) -> ServerSample | None:
             queued=_int(values.get("vllm:num_requests_waiting")),
             preemptions_total=values.get("vllm:num_preemptions_total", 0.0),
             capacity_tokens=_vllm_capacity(vllm_cache),
+            block_tokens=_positive(vllm_cache.get("block_size", "")),
             generation_tokens_total=totals.get("vllm:generation_tokens_total"),
         )
     return None
+
+
+def _positive(label: str) -> int | None:
+    return int(label) if label.isdigit() and int(label) > 0 else None
 
 
 def _vllm_capacity(cache_config: dict[str, str]) -> int | None:
@@ -224,8 +232,12 @@ class SignalReader:
         await self._http.aclose()
 
 
-def with_capacity(sample: ServerSample | None, capacity: int | None) -> ServerSample | None:
-    """Fill the KV capacity from ``/get_server_info`` where the sample's source does not carry it."""
-    if sample is None or sample.capacity_tokens is not None or capacity is None:
-        return sample
-    return replace(sample, capacity_tokens=capacity)
+def with_pool(sample: ServerSample | None, capacity: int | None, block: int | None) -> ServerSample | None:
+    """Fill the KV pool's size and block from ``/get_server_info`` where the sample does not say them."""
+    if sample is None:
+        return None
+    if sample.capacity_tokens is None and capacity is not None:
+        sample = replace(sample, capacity_tokens=capacity)
+    if sample.block_tokens is None and block is not None:
+        sample = replace(sample, block_tokens=block)
+    return sample

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flows.control.signals import ServerSample, parse_loads, parse_metrics, with_capacity
+from flows.control.signals import ServerSample, parse_loads, parse_metrics, with_pool
+from sglang_launch.probe import kv_capacity, kv_page_tokens
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -79,11 +80,26 @@ def test_v1_loads_under_load() -> None:
     assert parse_loads({"loads": []}) is None
 
 
-def test_capacity_from_server_info_fills_only_what_is_missing() -> None:
-    vllm = ServerSample(source="vllm-metrics", kv_usage=0.5)
-    assert with_capacity(vllm, 8192) == ServerSample(
-        source="vllm-metrics", kv_usage=0.5, capacity_tokens=8192
+def test_the_pool_from_server_info_fills_only_what_is_missing() -> None:
+    bare = ServerSample(source="sglang-loads", kv_usage=0.5)
+    assert with_pool(bare, 8192, 16) == ServerSample(
+        source="sglang-loads", kv_usage=0.5, capacity_tokens=8192, block_tokens=16
     )
-    sglang = ServerSample(source="sglang-metrics", capacity_tokens=4096)
-    assert with_capacity(sglang, 8192) == sglang
-    assert with_capacity(None, 8192) is None
+    said = ServerSample(source="vllm-metrics", capacity_tokens=4096, block_tokens=128)
+    assert with_pool(said, 8192, 16) == said
+    assert with_pool(bare, None, None) == bare
+    assert with_pool(None, 8192, 1) is None
+
+
+def test_vllm_says_its_block_size() -> None:
+    sample = parse_metrics(_text("vllm-0.32.0/metrics_after_preemption.prom"))
+    assert sample is not None and sample.block_tokens == 128
+    sglang = parse_metrics(_text("sglang-0.5.23/metrics_after_retraction.prom"))
+    assert sglang is not None and sglang.block_tokens is None  # SGLang's page size is in its server info
+
+
+def test_sglang_says_its_page_size_in_its_server_info() -> None:
+    info = json.loads(_text("sglang-0.5.23/get_server_info.json"))
+    assert kv_page_tokens(info) == 1 and kv_capacity(info) == 4096
+    assert kv_page_tokens({"page_size": 64}) == 64
+    assert kv_page_tokens({}) is None and kv_page_tokens(None) is None

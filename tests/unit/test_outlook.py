@@ -22,6 +22,15 @@ def test_before_any_answer_every_request_counts_at_its_final_size() -> None:
     assert outlook.room(22_000) == pytest.approx(10.0)  # ten more of 1,100 tokens
 
 
+def test_a_pool_of_whole_blocks_counts_half_a_block_more_for_every_request_newcomers_too() -> None:
+    padded = project(flights(10, age_s=3.0), None, pad_tokens=63.5)
+    assert padded is not None
+    assert padded.now_tokens == pytest.approx(11_635.0) and padded.newcomer_prompt == pytest.approx(163.5)
+    assert padded.room(22_000) == pytest.approx((22_000 - 11_635) / 1_163.5)
+    young = project(flights(10, age_s=0.0), 100.0, pad_tokens=63.5)
+    assert young is not None and young.peaks[-1] == pytest.approx(11_635.0)
+
+
 def test_a_young_cohort_leaves_room_only_beside_its_peak() -> None:
     """Ten requests admitted together grow together: newcomers admitted now grow with them."""
     outlook = project(flights(10, age_s=0.0), 100.0)  # 100 tokens a second: a 10 s life
