@@ -21,6 +21,16 @@ from flows.control.signals import ServerSample
 from flows.store.run_store import atomic_file
 
 TIMELINE_DIR = "timeline"
+OUTLOOK_COLUMNS = {
+    "outlook_now_tokens": "now_tokens",
+    "outlook_peaks": "peaks",
+    "newcomer_prompt": "newcomer_prompt",
+    "newcomer_output": "newcomer_output",
+    "tokens_per_s": "tokens_per_s",
+}
+"""The outlook's fields by their timeline column."""
+SAMPLE_COLUMNS = ("source", "capacity_tokens", "block_tokens", "preemptions_total", "generation_tokens_total")
+"""The server sample's fields a decision does not already carry (it has the usage, running, queued)."""
 
 
 class Timeline:
@@ -36,15 +46,11 @@ class Timeline:
         self, endpoint: str, decision: Decision, sample: ServerSample | None, outlook: Outlook | None
     ) -> None:
         row = {"endpoint": endpoint, **dataclasses.asdict(decision)}
-        row["outlook_now_tokens"] = outlook.now_tokens if outlook else None
-        row["outlook_peaks"] = list(outlook.peaks) if outlook else None
-        row["newcomer_prompt"] = outlook.newcomer_prompt if outlook else None
-        row["newcomer_output"] = outlook.newcomer_output if outlook else None
-        row["tokens_per_s"] = outlook.tokens_per_s if outlook else None
-        row["source"] = sample.source if sample else None
-        row["capacity_tokens"] = sample.capacity_tokens if sample else None
-        row["preemptions_total"] = sample.preemptions_total if sample else None
-        row["generation_tokens_total"] = sample.generation_tokens_total if sample else None
+        for column, name in OUTLOOK_COLUMNS.items():
+            value = getattr(outlook, name) if outlook else None
+            row[column] = list(value) if isinstance(value, tuple) else value
+        for name in SAMPLE_COLUMNS:
+            row[name] = getattr(sample, name) if sample else None
         self.rows.append(row)
 
     def write(self) -> None:
@@ -70,13 +76,8 @@ def outlook_from_row(row: dict[str, Any]) -> Outlook | None:
     before the outlook existed (its budget is then not replayed)."""
     if row.get("outlook_peaks") is None:
         return None
-    return Outlook(
-        now_tokens=row["outlook_now_tokens"],
-        peaks=tuple(row["outlook_peaks"]),
-        newcomer_prompt=row["newcomer_prompt"],
-        newcomer_output=row["newcomer_output"],
-        tokens_per_s=row["tokens_per_s"],
-    )
+    fields = {name: row[column] for column, name in OUTLOOK_COLUMNS.items()}
+    return Outlook(**{**fields, "peaks": tuple(fields["peaks"])})
 
 
 def observation_from_row(row: dict[str, Any]) -> Observation:
@@ -88,9 +89,7 @@ def observation_from_row(row: dict[str, Any]) -> Observation:
             kv_usage=row["kv_usage"],
             running=row["running"],
             queued=row["queued"],
-            preemptions_total=row["preemptions_total"],
-            capacity_tokens=row["capacity_tokens"],
-            generation_tokens_total=row["generation_tokens_total"],
+            **{name: row.get(name) for name in SAMPLE_COLUMNS if name != "source"},
         )
     return Observation(
         at=row["at"],

@@ -13,8 +13,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from flows.config import ConcurrencyConfig
-from flows.control.adaptive import AdaptiveLimit, LawSettings
-from flows.control.timeline import observation_from_row
+from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
+from flows.control.outlook import Flight, project
+from flows.control.signals import ServerSample
+from flows.control.timeline import Timeline, observation_from_row, read_timeline
 from flows.control.wiring import law_settings
 
 RECORDED = (
@@ -75,3 +77,32 @@ def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None
     assert len(backed_off) == 1 and backed_off[0].limit < backed_off[0].previous
     assert any(r["credit"] == 0 and r["waiting"] for r in rows)  # the budget held prompts back
     assert all(d.pace_per_s is None for d in replayed)  # lengths of 64 and 256 tokens: unpaced
+
+
+def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given(tmp_path: Path) -> None:
+    sample = ServerSample(
+        source="vllm-metrics",
+        kv_usage=0.5,
+        running=10,
+        queued=2,
+        preemptions_total=3.0,
+        capacity_tokens=16384,
+        block_tokens=128,
+        generation_tokens_total=1000.0,
+    )
+    outlook = project([Flight(300.0, 200.0, 256, age_s) for age_s in (0.5, 1.0, 2.0)], 50.0, pad_tokens=63.5)
+    observation = Observation(
+        at=12.5,
+        server=sample,
+        in_flight=12,
+        waiting=4,
+        outlook=outlook,
+        completions_per_s=3.5,
+        request_life_s=4.0,
+        output_spread=0.2,
+    )
+    timeline = Timeline(tmp_path)
+    timeline.add("http://a", AdaptiveLimit().observe(observation), sample, outlook)
+    timeline.write()
+    (row,) = read_timeline(tmp_path)
+    assert observation_from_row(row) == observation
