@@ -70,14 +70,16 @@ class EndpointController:
             rate = (done - last_completed) / max(now - last_at, 1e-6)
             self._rate += RATE_ALPHA * (rate - self._rate)
             last_at, last_completed = now, done
-            decision = self.tick(now - started, sample, memory)
-            if decision.limit > decision.previous or decision.credit:
-                await self.limiter.notify()  # waiters see the new room now, not at the next release
+            self.tick(now - started, sample, memory)
+            # waiters see the new limit, credit and pace now, not at the next release (with nothing
+            # in flight there is none: a pace raised from zero woke nobody)
+            await self.limiter.notify()
 
     def tick(self, at: float, sample: ServerSample | None, memory: VramSample | None = None) -> Decision:
         """One decision from what the lane, the server and the GPUs say now."""
         lane = self.lane
-        lane.block_tokens = sample.block_tokens if sample is not None else None
+        if sample is not None and sample.block_tokens:  # the last known, while the server is unread
+            lane.block_tokens = sample.block_tokens
         outlook = lane.outlook(time.monotonic())
         observation = Observation(
             at=at,

@@ -242,6 +242,22 @@ async def test_a_request_that_ends_between_decisions_frees_the_credit_its_end_ma
     assert await asyncio.wait_for(waiter, 1) is lane and lane.credit == 0  # the one newcomer that fits
 
 
+async def test_the_last_end_of_a_spent_batch_leaves_no_waiter_stranded() -> None:
+    """With nothing counted in flight there is no projection to hold admissions back: the last
+    release opens the lane, as the law's next decision would (which wakes nobody by itself)."""
+    lane: Lane[str] = Lane("a", FixedLimit(10))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.finished(1.0, completion_tokens=100)
+    lane.budget_tokens, lane.credit = 450.0, 1
+    only = Footprint(100.0)
+    await limiter.acquire(only)
+    waiter = asyncio.create_task(limiter.acquire(Footprint(100.0)))
+    await asyncio.sleep(0.01)
+    assert not waiter.done() and lane.credit == 0
+    await limiter.release(lane, only)
+    assert await asyncio.wait_for(waiter, 1) is lane
+
+
 async def test_a_lane_paced_at_zero_admits_again_when_the_next_decision_paces_it() -> None:
     lane: Lane[str] = Lane("a", FixedLimit(10))
     limiter: Limiter[str] = Limiter([lane])
