@@ -88,8 +88,8 @@ class Poller(threading.Thread):
         self.url, self.hz = url, hz
         self.samples: list[ServerSample] = []
         self.times: list[float] = []
-        self.walls: list[float] = []
-        """The same moments as wall-clock seconds, to set beside the rows' ``created_at``."""
+        self.wall_offset = time.time() - time.monotonic()
+        """Added to ``times``: wall-clock seconds, to set beside the rows' ``created_at``."""
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -106,7 +106,6 @@ class Poller(threading.Thread):
                 if sample is not None:
                     self.samples.append(sample)
                     self.times.append(time.monotonic())
-                    self.walls.append(time.time())
 
 
 def read_sample(url: str) -> ServerSample:
@@ -225,10 +224,11 @@ def one_run(
             log.seek(log_from)
             (run_dir / "server.log").write_bytes(log.read())
     starved = [is_starved(s) for s in samples]
+    first, last = (min(sent), max(sent)) if sent else (0.0, -1.0)
     sending = [
         hungry
-        for hungry, wall in zip(starved, poller.walls, strict=True)
-        if sent and min(sent) <= wall <= max(sent)
+        for hungry, at in zip(starved, poller.times, strict=True)
+        if first <= at + poller.wall_offset <= last
     ]
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
