@@ -47,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,8 @@ class Outcome:
     tok_s: float
     retractions_per_1k: float
     starved: float
-    starved_sending: float
+    starved_sending: float | None
+    """None when no 1 s sample fell between the first and the last send (a run of a few seconds)."""
     p50: float
     p99: float
     cpu_s: float
@@ -236,7 +238,7 @@ def one_run(
         tok_s=generated / json.loads((run_dir / "summary.json").read_text())["seconds"],
         retractions_per_1k=1000 * retractions / max(requests, 1),
         starved=sum(starved) / max(len(samples), 1),
-        starved_sending=sum(sending) / max(len(sending), 1),
+        starved_sending=sum(sending) / len(sending) if sending else None,
         p50=latencies[len(latencies) // 2] if latencies else 0.0,
         p99=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0,
         cpu_s=(usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime),
@@ -331,13 +333,23 @@ def main() -> None:
                     console.print(
                         f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
                         f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%} "
-                        f"({outcome.starved_sending:.0%} sending), "
+                        f"({percent(outcome.starved_sending)} sending), "
                         f"peak queue {outcome.peak_queue}, cpu {outcome.cpu_s:.1f} s"
                     )
         finally:
             stop(server)
             remove_leftover_shm(shm_before)  # SGLang's load slots, one file per server otherwise
     print_table(results, args)
+
+
+def percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def median_known(values: Iterable[float | None]) -> float | None:
+    """The median of the values that were measured; None when none was."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> None:
@@ -373,7 +385,7 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
             f"{ratio:.2f}x",
             f"{med(setting, 'retractions_per_1k'):.1f}",
             f"{med(setting, 'starved'):.0%}",
-            f"{med(setting, 'starved_sending'):.0%}",
+            percent(median_known(o.starved_sending for o in outcomes)),
             f"{med(setting, 'peak_queue'):.0f}",
             f"{med(setting, 'p50'):.2f}",
             f"{med(setting, 'p99'):.2f}",

@@ -167,7 +167,8 @@ class ConcurrencyConfig(_Strict):
     min_free_vram_gib: float = Field(default=1.0, ge=0.0, le=1024.0)
     pace_admissions: bool = Field(
         default=True,
-        description="After the slow start, while the answers are of about one length, refill completed "
+        description="After the slow start, while the answers are of about one length and long beside "
+        "their prompts (a third or more of a request's KV), refill completed "
         "requests at most `pace_factor` times as fast as the limit turns over (and no faster than the KV "
         "budget's steady stream), so a burst of answers that finish together is not admitted back as a "
         "burst; false admits at once.",

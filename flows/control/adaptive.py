@@ -62,7 +62,8 @@ small bucket, and never faster than the outlook's stream rate; a raised limit's 
 at once. Without it, requests of one length admitted together finish together and each freed slot
 refilled at once keeps the burst: the KV usage swings by half the pool once per request life
 (measured on the simulator's long phase: bench/README.md). Answers of spread lengths dissolve a
-burst on their own, and pacing them only delays refills (``pace_below_spread``).
+burst on their own, and pacing them only delays refills (``pace_below_spread``); so do answers short
+beside their prompts, which barely swing the cache and are prefilled in batches (``pace_above_growth``).
 
 The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
 ~40 decode steps), at most an eighth of what is in flight: enough queued requests to refill the
@@ -129,6 +130,16 @@ class LawSettings:
     the simulator's long phase (answers of one length) unpaced requests kept one cohort for the
     whole phase and ran at 0.74x the best fixed setting against 0.85x paced (bench/README, ninth
     session)."""
+    pace_above_growth: float = 1 / 3
+    """Pace only while the answers make at least this share of a request's final KV (its output over
+    prompt + output, from the outlook's newcomer). A cohort's KV swings by that share: its prompts
+    are held from admission, its answers grow until it ends. Answers short beside their prompts
+    barely swing the cache, and refilled at once they go to the server in batches, one prefill for
+    many (SGLang runs each prefill apart from the decode batch, so a paced trickle interrupts the
+    decode once per admission). Measured on the real SGLang, answers of 64 tokens after prompts of
+    about 300 (a share near 0.2), 1,200 prompts: the law paced ran at 0.72x fixed 64, unpaced at
+    0.82x (bench/README, eleventh session); the simulator's long phase (4,096 after 100: 0.98) is
+    paced as before."""
     pace_catch_up: float = 0.25
     """A deficit below the limit (a burst of completions) is refilled over at most this share of a
     request's life, on top of the turnover: paced at the turnover alone it is never made up
@@ -369,8 +380,9 @@ class AdaptiveLimit:
         """Admissions per second and bucket size: ``pace_factor`` x limit / the measured request life,
         and never faster than the outlook's stream rate.
 
-        None during the slow start, while the endpoint is down, before any answer came back, and
-        while the answers' lengths vary by ``pace_below_spread`` or more. The
+        None during the slow start, while the endpoint is down, before any answer came back,
+        while the answers' lengths vary by ``pace_below_spread`` or more, and while they make less
+        than ``pace_above_growth`` of a request's KV. The
         life is the client's own measure of how long answered requests held their slot: the first
         answers are the short ones, so early on it errs towards a faster pace, never a stall. The
         stream rate (``Outlook.stream_rate``) is what the cache holds with ages spread: admitted
@@ -384,6 +396,9 @@ class AdaptiveLimit:
             return None, burst
         if obs.output_spread is None or obs.output_spread >= s.pace_below_spread:
             return None, burst  # answers of spread lengths dissolve a burst on their own
+        outlook = obs.outlook
+        if outlook is not None and outlook.growth_share() < s.pace_above_growth:
+            return None, burst  # a burst of short answers barely swings the cache: batched prefills pay
         turnover = s.pace_factor * max(self._limit / life, obs.completions_per_s)
         pace = turnover + max(self._limit - obs.in_flight, 0) / (s.pace_catch_up * life)
         stream = (

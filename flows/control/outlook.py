@@ -53,6 +53,12 @@ class Outlook:
     """Per-request decode rate the projection used; None before any answer: every request is then
     counted at its final size from the start (one slice)."""
 
+    def growth_share(self) -> float:
+        """The share of a newcomer's final KV that its answer makes (0: all prompt, 1: all answer):
+        how far a cohort of such requests swings the cache between its admission and its end."""
+        final = self.newcomer_prompt + self.newcomer_output
+        return self.newcomer_output / final if final > 0 else 0.0
+
     def room(self, budget_tokens: float) -> float:
         """How many newcomers fit now with the projection under ``budget_tokens`` all their life
         (negative: the requests in flight already overrun the budget by that many newcomers)."""

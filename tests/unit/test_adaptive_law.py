@@ -364,3 +364,24 @@ def test_answers_of_spread_lengths_are_not_paced() -> None:
     assert pace(0.0) is not None and pace(settings.pace_below_spread * 0.9) is not None
     assert pace(settings.pace_below_spread) is None and pace(0.6) is None
     assert pace(None) is None  # no answer yet: nothing known to pace by
+
+
+def test_answers_short_beside_their_prompts_are_not_paced() -> None:
+    """A cohort's KV swings by its answers' share of a request's final size: 64-token answers after
+    300-token prompts barely swing it, and refilled at once they are prefilled in batches (paced, the
+    real SGLang ran at 0.72x fixed 64, unpaced at 0.82x). Long answers after short prompts are paced."""
+    settings = LawSettings(initial_limit=40)
+
+    def pace(prompt: float, output: float) -> float | None:
+        law = AdaptiveLimit(settings)
+        law._slow_start = False
+        outlook = Outlook(30 * (prompt + output), (30 * (prompt + output),), prompt, output, 10.0)
+        observed = Observation(
+            1, server(0.5, 30), 30, 20, outlook, 2.0, request_life_s=10.0, output_spread=0.0
+        )
+        return law.observe(observed).pace_per_s
+
+    assert pace(300.0, 64.0) is None
+    assert pace(100.0, 4096.0) is not None
+    share = settings.pace_above_growth
+    assert pace(1.0 - share, share * 1.01) is not None and pace(1.0 - share, share * 0.99) is None
