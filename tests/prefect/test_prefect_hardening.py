@@ -1,9 +1,9 @@
-"""Under a real `prefect server start` (marker `prefect`): an API key from a Secret block, and SIGTERM.
+"""Under a real `prefect server start` (marker `prefect`): an API key from a Secret block, SIGTERM and Ctrl-C.
 
 The key saved in a Secret block reaches the server that checks it and nothing else: no terminal
 output (at INFO), no file of the run directory, no artifact, log, flow-run or task-run parameter
-the API holds (without Prefect such a config is one line: tests/sim/test_secrets.py). A SIGTERM'd
-run under Prefect stops within a bounded time with its rows flushed, and the same command
+the API holds (without Prefect such a config is one line: tests/sim/test_secrets.py). A run stopped
+by SIGTERM or Ctrl-C under Prefect stops within a bounded time with its rows flushed, and the same command
 completes it exactly once.
 """
 
@@ -80,9 +80,12 @@ def test_an_api_key_from_a_secret_block_reaches_the_server_and_nowhere_else(
         assert KEY not in json.dumps(held), f"the key is in the API's {what}"
 
 
-def test_sigterm_under_prefect_stops_in_bounded_time_and_the_same_command_resumes_exactly_once(
-    tmp_path: Path, server: PrefectServer, api_post: Any
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_under_prefect_takes_bounded_time_and_the_same_command_resumes_exactly_once(
+    tmp_path: Path, server: PrefectServer, api_post: Any, signum: int
 ) -> None:
+    """SIGTERM (a scheduler, `kill`) and Ctrl-C (SIGINT, which asyncio answers by cancelling the main
+    task inside Prefect's flow engine) alike."""
     prompts = 1200
     source = tmp_path / "p.jsonl"
     write_prompts(source, prompts)
@@ -94,7 +97,7 @@ def test_sigterm_under_prefect_stops_in_bounded_time_and_the_same_command_resume
         wait_for_rows(tmp_path / "term", 100, first, timeout_s=180)
         answered = sim.stats()["requests_completed"]
         sent = time.monotonic()
-        first.send_signal(signal.SIGTERM)
+        first.send_signal(signum)
         out, _ = first.communicate(timeout=120)
         stopped_s = time.monotonic() - sent
         text = out.decode()
@@ -106,7 +109,8 @@ def test_sigterm_under_prefect_stops_in_bounded_time_and_the_same_command_resume
         assert len(stopped.row_ids) >= answered - 64  # what was read before the signal was flushed
         states = {str(r["name"]): str(r["state_type"]) for r in api_post("flow_runs/filter")}
         print(
-            f"SIGTERM under Prefect: exit 130 {stopped_s:.2f} s after the signal, {len(stopped.row_ids)} rows"
+            f"{signal.Signals(signum).name} under Prefect: exit 130 {stopped_s:.2f} s after the signal, "
+            f"{len(stopped.row_ids)} rows"
         )
         print(f"flow runs after the stop: {states}")
         again = datagen("run", str(config), env=_env(server))
