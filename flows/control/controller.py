@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 
 from flows.client.guard import Endpoint
@@ -97,7 +96,7 @@ class EndpointController:
         decision = self.law.observe(observation)
         self.lane.pacer.set(decision.pace_per_s, decision.pace_burst, time.monotonic())
         self.lane.pacer.grant(decision.limit - decision.previous)
-        self.lane.credit = math.inf if decision.credit is None else decision.credit
+        self.lane.set_credit(decision.credit)
         self.lane.budget_tokens = decision.budget_tokens
         self.last, self.last_sample = decision, sample
         self.timeline.add(self.url, decision, sample, outlook)

@@ -104,10 +104,14 @@ class Lane(Generic[T]):
         if self.budget_tokens is None or self.credit >= 1:
             return  # unspent: nothing waits for it (a projection is 0.1 ms at 60 in flight, 0.5 at 256)
         outlook = self.outlook(now)
-        # nothing counted in flight: no projection to hold admissions back (as the law decides then);
-        # left spent, the last end of a batch stranded its waiters (measured on the real vLLM: a run
-        # stalled with 0 in flight, a limit of 22 and a prompt waiting)
-        self.credit = math.inf if outlook is None else outlook.credit(self.budget_tokens)
+        # nothing counted in flight: left spent, the last end of a batch stranded its waiters
+        # (measured on the real vLLM: a run stalled with 0 in flight, a limit of 22 and a prompt waiting)
+        self.set_credit(None if outlook is None else outlook.credit(self.budget_tokens))
+
+    def set_credit(self, credit: int | None) -> None:
+        """The admissions the token budget allows now; None (no pool size known, or nothing counted
+        in flight to project): no projection holds admissions back, only the limit does."""
+        self.credit = math.inf if credit is None else credit
 
     @property
     def room(self) -> int:
