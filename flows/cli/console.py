@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from flows.report.status import RunStatus
+from flows.report.summary import report_name
 from flows.run.session import RunSession
 
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs and pipes
@@ -145,7 +146,8 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
         others = sum(c["other_parts"] for c in categories)
         console.print(f"Part {summary['part']}: {others} prompts were left to the other parts.")
     data_dir = f"{status.run_dir}/data"
-    console.print(f"[bold]Data:[/] {data_dir}   [bold]Report:[/] {Path(summary['local_dir']) / 'report.md'}")
+    report = Path(summary["local_dir"]) / report_name(summary["part"])
+    console.print(f"[bold]Data:[/] {data_dir}   [bold]Report:[/] {report}")
     console.print(
         f'Load it: datasets.load_dataset("parquet", data_dir="{data_dir}") '
         "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`, "

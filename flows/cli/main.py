@@ -175,7 +175,8 @@ def status(
                 "in each machine's local_dir at the end of every start"
             )
             return
-        console.print(f"report: {report_from_disk(local)}")
+        for written in report_from_disk(local):
+            console.print(f"report: {written}")
     if json_out:
         typer.echo(json.dumps(status_document(found), indent=2))
     else:

@@ -5,6 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flows.store.run_store import atomic_file
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, imported when a plot is first drawn (it takes a second)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay the figure out and write it whole or not at all, then free it.
+
+    The parts of a run that share one folder (a network file system) draw the same plots at their
+    ends; written in place, one part's report could be read while another rewrote its PNG.
+    """
+    fig.tight_layout()
+    with atomic_file(path) as handle:
+        fig.savefig(handle, format="png", dpi=90)
+    pyplot().close(fig)
+
 
 def plot_controller(rows: list[dict[str, Any]], path: Path) -> bool:
     """The controller's timeline: limit and in flight, server queue, KV usage; one colour per endpoint.
@@ -14,12 +38,7 @@ def plot_controller(rows: list[dict[str, Any]], path: Path) -> bool:
     """
     if not rows:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 7), sharex=True)
+    fig, (top, middle, bottom) = pyplot().subplots(3, 1, figsize=(10, 7), sharex=True)
     offset, last_at = 0.0, None
     series: dict[str, dict[str, list[float]]] = {}
     for row in rows:
@@ -43,7 +62,5 @@ def plot_controller(rows: list[dict[str, Any]], path: Path) -> bool:
     bottom.set_ylabel("KV usage")
     bottom.set_ylim(0, 1.05)
     bottom.set_xlabel("seconds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
     return True

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.control.timeline import read_timeline
-from flows.report.plots import plot_controller
+from flows.report.plots import plot_controller, pyplot, save_figure
 from flows.report.progress_log import read_progress
 from flows.store.run_store import RunStore
 
@@ -28,15 +28,6 @@ LENGTHS_PLOT = "lengths.png"
 CONTROLLER_PLOT = "controller.png"
 # (title, file name) of each plot drawn, in report order.
 Plots = list[tuple[str, str]]
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def throughput_series(starts: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
@@ -60,16 +51,14 @@ def plot_throughput(run_dir: Path, path: Path) -> bool:
     series = throughput_series(read_progress(run_dir))
     if not series["t"]:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
     top.plot(series["t"], series["tok_s"])
     top.set_ylabel("output tok/s")
     bottom.plot(series["t"], series["in_flight"], color="tab:orange")
     bottom.set_ylabel("requests in flight")
     bottom.set_xlabel("seconds (wall clock, every start of the run)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -91,7 +80,7 @@ def plot_categories(numbers: dict[str, dict[str, Any]], path: Path) -> bool:
     """Rows per category, stacked by finish reason."""
     if not any(n["rows"] for n in numbers.values()):
         return False
-    plt = _pyplot()
+    plt = pyplot()
     names = list(numbers)
     reasons = sorted({reason for n in numbers.values() for reason in n["finish"]})
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names) + 3), 4))
@@ -104,9 +93,7 @@ def plot_categories(numbers: dict[str, dict[str, Any]], path: Path) -> bool:
         ax.annotate(str(total), (x, total), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("rows")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -115,15 +102,13 @@ def plot_lengths(numbers: dict[str, dict[str, Any]], path: Path) -> bool:
     shown = {name: n["lengths"] for name, n in numbers.items() if n["lengths"]}
     if not shown:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(shown), 1, figsize=(10, 2.2 * len(shown) + 0.5), squeeze=False)
     for ax, (name, lengths) in zip(axes[:, 0], shown.items(), strict=True):
         ax.hist(lengths, bins=min(40, max(5, len(set(lengths)))))
         ax.set_ylabel(name, fontsize=8)
     axes[-1, 0].set_xlabel("output tokens per row")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

@@ -1,7 +1,10 @@
 """The end-of-run report: what happened to every source row, what it cost, where the data is.
 
 Written to the run directory (``summary.json`` for scripts, ``report.md`` for people) at the end of
-every run or resume, so a run that finished overnight explains itself in the morning.
+every run or resume, so a run that finished overnight explains itself in the morning. A part of a
+run writes ``summary-part-2-of-4.json`` and ``report-part-2-of-4.md``: parts whose run directory is
+one shared folder (a network file system) each keep their own start's numbers, where one name made
+the last part to end overwrite the others'.
 """
 
 from __future__ import annotations
@@ -11,18 +14,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.report.run_plots import Plots, plots_markdown, write_plots
+from flows.report.run_plots import CONTROLLER_PLOT, Plots, plots_markdown, write_plots
 from flows.report.status import RunStatus
 from flows.run.prompt_stream import StreamCounts
 from flows.store.location import local_path
-from flows.store.run_store import write_json_atomically
+from flows.store.parts import Part
+from flows.store.run_store import atomic_file, write_json_atomically
 
 if TYPE_CHECKING:
     from flows.run.session import RunSession
 
 SUMMARY = "summary.json"
 REPORT = "report.md"
-CONTROLLER_PLOT = "controller.png"
+PART_SUMMARIES = "summary-part-*.json"
 STEP_NAMES = [name for name, _ in StreamCounts().steps()]
 
 
@@ -87,8 +91,9 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
+    part = summary["part"]
     lines = [
-        f"# Run `{summary['run']}`",
+        f"# Run `{summary['run']}`" + (f", part {part}" if part else ""),
         "",
         f"Model `{summary['model']}`, config fingerprint `{summary['fingerprint']}`, "
         f"finished {summary['finished_at']}" + (" (resumed)." if summary["resumed"] else "."),
@@ -159,16 +164,29 @@ def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _suffix(part: str | None) -> str:
+    """What a part's report files carry after their stem (``-part-2-of-4``); nothing for a whole run."""
+    return "" if part is None else f"-{Part.parse(part).label}"
+
+
+def summary_name(part: str | None) -> str:
+    """``summary.json``, or this part's (``part`` as a summary holds it: ``"2/4"``)."""
+    return f"summary{_suffix(part)}.json"
+
+
+def report_name(part: str | None) -> str:
+    """``report.md``, or this part's."""
+    return f"report{_suffix(part)}.md"
+
+
 def write_report(session: RunSession, status: RunStatus) -> dict[str, Any]:
     summary = run_summary(session, status)
     run_dir = session.config.run_dir
-    write_json_atomically(summary, run_dir / SUMMARY)
+    write_json_atomically(summary, run_dir / summary_name(summary["part"]))
     write_report_files(run_dir, summary, session.drawn_plots)
     (run_dir / "reports").mkdir(exist_ok=True)
     stamp = summary["finished_at"].replace(":", "").replace("-", "")[:15]
-    (run_dir / "reports" / f"summary-{stamp}.json").write_text(
-        json.dumps(summary, indent=2), encoding="utf-8"
-    )
+    write_json_atomically(summary, run_dir / "reports" / f"summary-{stamp}{_suffix(summary['part'])}.json")
     return summary
 
 
@@ -187,7 +205,8 @@ def write_report_files(run_dir: Path, summary: dict[str, Any], plots: Plots | No
     plots = write_plots(run_dir, _data(run_dir, summary)) if plots is None else plots
     rest = [(title, name) for title, name in plots if name != CONTROLLER_PLOT]
     text = report_markdown(summary) + "\n".join(["", *plots_markdown(run_dir, rest)])
-    (run_dir / REPORT).write_text(text, encoding="utf-8")
+    with atomic_file(run_dir / report_name(summary["part"]), "w") as handle:
+        handle.write(text)
     return text
 
 
@@ -199,16 +218,20 @@ def report_with_plots(run_dir: Path, summary: dict[str, Any]) -> tuple[str, Plot
     return "\n".join([*body, "", *plots_markdown(run_dir, plots, embed=True)]), plots
 
 
-def report_from_disk(run_dir: Path) -> Path:
-    """``datagen status --report``: redraw the plots and rewrite ``report.md`` from the run's files.
+def report_from_disk(run_dir: Path) -> list[Path]:
+    """``datagen status --report``: redraw the plots and rewrite the reports from the run's files.
 
-    The numbers of the last start come from its ``summary.json``; a run killed before writing one
-    gets the totals on disk and the plots.
+    The numbers of the last start come from its ``summary.json`` (one report per part's summary, for
+    the parts that wrote theirs here); a run killed before writing one gets the totals on disk and
+    the plots.
     """
-    path = run_dir / SUMMARY
-    if path.exists():
-        write_report_files(run_dir, json.loads(path.read_text(encoding="utf-8")))
-        return run_dir / REPORT
+    paths = [path for path in [run_dir / SUMMARY] if path.exists()] + sorted(run_dir.glob(PART_SUMMARIES))
+    summaries = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    if summaries:
+        plots = write_plots(run_dir, _data(run_dir, summaries[0]))  # every part's data: drawn once
+        for summary in summaries:
+            write_report_files(run_dir, summary, plots)
+        return [run_dir / report_name(summary["part"]) for summary in summaries]
     from flows.report.status import run_status
 
     status = run_status(run_dir)
@@ -223,5 +246,6 @@ def report_from_disk(run_dir: Path) -> Path:
     for c in status.categories:
         lines.append(f"| {c.name} | {c.rows} | {c.training_rows} | {c.rejects} | {c.completion_tokens} |")
     lines += ["", *plots_markdown(run_dir, write_plots(run_dir, run_dir))]
-    (run_dir / REPORT).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return run_dir / REPORT
+    with atomic_file(run_dir / REPORT, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return [run_dir / REPORT]

@@ -17,6 +17,7 @@ from flows.config import load_config
 from flows.report.export import Selection, export_specforge
 from flows.report.progress_log import read_progress
 from flows.report.status import run_status
+from flows.report.summary import report_name, summary_name
 from flows.runner import execute
 from flows.store.parts import Part, part_index, part_of_file
 from flows.store.run_store import RunStore
@@ -73,6 +74,16 @@ def test_two_parts_as_two_processes_write_the_union_once(tmp_path: Path, sim: Si
     assert not set(by_part["1/2"]) & set(by_part["2/2"])
     assert all(part_index(rid, 2) == int(part[0]) for part, ids in by_part.items() for rid in ids if part)
 
+    for part in ("1/2", "2/2"):  # one shared folder: each part keeps its own report of its start
+        summary = json.loads((run_dir / summary_name(part)).read_text())
+        assert summary["part"] == part and summary["rows"] + summary["rejects"] == len(by_part[part])
+        (run_dir / report_name(part)).unlink()
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "report.md").exists()
+    redrawn = _cli("status", str(run_dir), "--report")
+    assert redrawn.returncode == 0, redrawn.stdout + redrawn.stderr
+    assert "part 2/2" in (run_dir / report_name("2/2")).read_text()
+    assert "part 1/2" in (run_dir / report_name("1/2")).read_text()
+
     status = run_status(f"{url}/split")
     assert (status.rows, status.rejects, status.repeated_rows, status.parts) == (good, PROMPTS - good, 0, 2)
     counts = status.by_part()
@@ -117,13 +128,15 @@ async def test_parts_into_the_memory_file_system_then_status_export_and_resume(
     assert (status.rows, status.rejects, status.repeated_rows) == (good, 200 - good, 0)
     assert sum(n["rows"] + n["rejects"] for n in status.by_part().values()) == 200
     assert not (tmp_path / "mem" / "data").exists()  # the data went to the URL; local files stayed local
-    assert (tmp_path / "mem" / "summary.json").exists() and (tmp_path / "mem" / ".lock-part-2-of-2").exists()
+    assert (tmp_path / "mem" / summary_name("2/2")).exists() and (
+        tmp_path / "mem" / ".lock-part-2-of-2"
+    ).exists()
 
     result = export_specforge(config.run_location, tmp_path / "mem.jsonl", Selection(include_flagged=True))
     assert result.tally.rows == good and result.tally.duplicates == 0
     assert set(result.tally.rows_by_part) == {"1/2", "2/2"} and result.tally.rows_by_part.total() == good
 
     again = await execute(config, use_prefect=False, part=Part(1, 2))  # resume: nothing left to ask
-    summary = json.loads((tmp_path / "mem" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "mem" / summary_name("1/2")).read_text())
     assert summary["rows"] == summary["rejects"] == 0 and summary["part"] == "1/2"
     assert (again.rows, again.rejects) == (good, 200 - good)
