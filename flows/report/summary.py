@@ -91,7 +91,7 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
-    part = summary["part"]
+    part = summary.get("part")  # absent from the summaries of runs made before parts
     lines = [
         f"# Run `{summary['run']}`" + (f", part {part}" if part else ""),
         "",
@@ -205,7 +205,7 @@ def write_report_files(run_dir: Path, summary: dict[str, Any], plots: Plots | No
     plots = write_plots(run_dir, _data(run_dir, summary)) if plots is None else plots
     rest = [(title, name) for title, name in plots if name != CONTROLLER_PLOT]
     text = report_markdown(summary) + "\n".join(["", *plots_markdown(run_dir, rest)])
-    with atomic_file(run_dir / report_name(summary["part"]), "w") as handle:
+    with atomic_file(run_dir / report_name(summary.get("part")), "w") as handle:
         handle.write(text)
     return text
 
@@ -231,7 +231,7 @@ def report_from_disk(run_dir: Path) -> list[Path]:
         plots = write_plots(run_dir, _data(run_dir, summaries[0]))  # every part's data: drawn once
         for summary in summaries:
             write_report_files(run_dir, summary, plots)
-        return [run_dir / report_name(summary["part"]) for summary in summaries]
+        return [run_dir / report_name(summary.get("part")) for summary in summaries]
     from flows.report.status import run_status
 
     status = run_status(run_dir)
