@@ -138,8 +138,8 @@ class LawSettings:
     many (SGLang runs each prefill apart from the decode batch, so a paced trickle interrupts the
     decode once per admission). Measured on the real SGLang, answers of 64 tokens after prompts of
     about 300 (a share near 0.2), 1,200 prompts: the law paced ran at 0.72x fixed 64, unpaced at
-    0.82x (bench/README, eleventh session); the simulator's long phase (4,096 after 100: 0.98) is
-    paced as before."""
+    0.82x (bench/README, eleventh session); the simulator's long phase (answers of 4,096 tokens:
+    0.83-1.0 of a request's KV) is paced as before."""
     pace_catch_up: float = 0.25
     """A deficit below the limit (a burst of completions) is refilled over at most this share of a
     request's life, on top of the turnover: paced at the turnover alone it is never made up
