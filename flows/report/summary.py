@@ -19,7 +19,7 @@ from flows.report.status import RunStatus
 from flows.run.prompt_stream import StreamCounts
 from flows.store.location import local_path
 from flows.store.parts import Part
-from flows.store.run_store import atomic_file, write_json_atomically
+from flows.store.run_store import write_json_atomically, write_text_atomically
 
 if TYPE_CHECKING:
     from flows.run.session import RunSession
@@ -205,8 +205,7 @@ def write_report_files(run_dir: Path, summary: dict[str, Any], plots: Plots | No
     plots = write_plots(run_dir, _data(run_dir, summary)) if plots is None else plots
     rest = [(title, name) for title, name in plots if name != CONTROLLER_PLOT]
     text = report_markdown(summary) + "\n".join(["", *plots_markdown(run_dir, rest)])
-    with atomic_file(run_dir / report_name(summary.get("part")), "w") as handle:
-        handle.write(text)
+    write_text_atomically(text, run_dir / report_name(summary.get("part")))
     return text
 
 
@@ -246,6 +245,5 @@ def report_from_disk(run_dir: Path) -> list[Path]:
     for c in status.categories:
         lines.append(f"| {c.name} | {c.rows} | {c.training_rows} | {c.rejects} | {c.completion_tokens} |")
     lines += ["", *plots_markdown(run_dir, write_plots(run_dir, run_dir))]
-    with atomic_file(run_dir / REPORT, "w") as handle:
-        handle.write("\n".join(lines) + "\n")
+    write_text_atomically("\n".join(lines) + "\n", run_dir / REPORT)
     return [run_dir / REPORT]

@@ -145,6 +145,11 @@ def write_json_atomically(payload: Any, path: Path) -> None:
         json.dump(payload, handle, indent=2, sort_keys=True, default=str)
 
 
+def write_text_atomically(text: str, path: Path) -> None:
+    with atomic_file(path, "w") as handle:
+        handle.write(text)
+
+
 @functools.cache
 def warm_arrow() -> None:
     """Pay pyarrow's first conversion of a Python list now: it imports pandas then (installed with
