@@ -20,7 +20,7 @@ from flows.control.controller import EndpointController
 from flows.control.demand import CategoryDemand, DemandModel
 from flows.control.limit import FixedLimit, GuardedLimit, Limit
 from flows.control.limiter import Lane, Limiter
-from flows.control.timeline import Timeline
+from flows.control.timeline import DecisionTally, Timeline
 from flows.control.vram import VramReader
 from sglang_launch.gpu import GpuUnavailableError, read_memory
 
@@ -124,20 +124,19 @@ class Control:
             return {"mode": "fixed", "limit": self.concurrency.limit, "endpoints": []}
         endpoints = []
         for controller in self.controllers:
-            rows = [r for r in self.timeline.rows if r["endpoint"] == controller.url]
-            limits = [r["limit"] for r in rows] or [controller.law.limit]
+            tally = self.timeline.tallies.get(controller.url, DecisionTally())
             reads = controller.reader.reads
             endpoints.append(
                 {
                     "endpoint": controller.url,
                     "final_limit": controller.law.limit,
-                    "min_limit": min(limits),
-                    "max_limit": max(limits),
-                    "decisions": len(rows),
-                    "changes": sum(r["limit"] != r["previous"] for r in rows),
-                    "back_offs": sum(r["reason"].startswith("back off") for r in rows),
-                    "retractions": sum(r["retractions"] for r in rows),
-                    "max_queued": max((r["queued"] or 0 for r in rows), default=0),
+                    "min_limit": tally.min_limit if tally.min_limit is not None else controller.law.limit,
+                    "max_limit": tally.max_limit if tally.max_limit is not None else controller.law.limit,
+                    "decisions": tally.decisions,
+                    "changes": tally.changes,
+                    "back_offs": tally.back_offs,
+                    "retractions": tally.retractions,
+                    "max_queued": tally.max_queued,
                     "signal_reads": reads,
                     "signal_read_ms": round(1000 * controller.reader.read_seconds / max(reads, 1), 2),
                 }

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import base64
 import itertools
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flows.control.timeline import read_timeline
-from flows.report.plots import plot_controller, pyplot, save_figure
+from flows.control.timeline import count_decisions, iter_timeline
+from flows.report.plots import CONTROLLER_COLUMNS, plot_controller, pyplot, save_figure
 from flows.report.progress_log import read_progress
 from flows.store.run_store import RunStore
 
@@ -26,6 +27,8 @@ THROUGHPUT_PLOT = "throughput.png"
 CATEGORIES_PLOT = "categories.png"
 LENGTHS_PLOT = "lengths.png"
 CONTROLLER_PLOT = "controller.png"
+PLOTTED_DECISIONS = 20_000
+"""At most about this many points on the controller plot; a longer timeline is drawn in bins."""
 # (title, file name) of each plot drawn, in report order.
 Plots = list[tuple[str, str]]
 
@@ -122,7 +125,11 @@ def write_plots(run_dir: Path, data: str | Path) -> Plots:
     drawn = []
     if plot_throughput(run_dir, run_dir / THROUGHPUT_PLOT):
         drawn.append(("output tok/s and requests in flight", THROUGHPUT_PLOT))
-    if plot_controller(read_timeline(run_dir), run_dir / CONTROLLER_PLOT):
+    if plot_controller(
+        iter_timeline(run_dir, CONTROLLER_COLUMNS),
+        run_dir / CONTROLLER_PLOT,
+        bin_rows=math.ceil(count_decisions(run_dir) / PLOTTED_DECISIONS) or 1,
+    ):
         drawn.append(("controller: limit, in flight, server queue, KV usage", CONTROLLER_PLOT))
     if plot_categories(numbers, run_dir / CATEGORIES_PLOT):
         drawn.append(("rows per category and finish reasons", CATEGORIES_PLOT))

@@ -1,0 +1,151 @@
+"""The controller's timeline over a long run: bounded in memory, every decision kept on disk in order,
+the report's numbers counted as the decisions come, and the plot drawn from bins of a long run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flows.config import ConcurrencyConfig
+from flows.control.adaptive import AdaptiveLimit, Decision
+from flows.control.outlook import Outlook
+from flows.control.signals import ServerSample
+from flows.control.timeline import (
+    TIMELINE_DIR,
+    DecisionTally,
+    Timeline,
+    count_decisions,
+    observation_from_row,
+    read_timeline,
+    timeline_files,
+)
+from flows.control.wiring import law_settings
+from flows.report.plots import controller_series, plot_controller
+
+RECORDED = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "timelines" / "sglang_0.5.23_outlook_300.parquet"
+)
+"""A real SGLang run's decisions, replayed: the law's limits, reasons, retractions and queues as they
+came."""
+
+
+def _replayed() -> list[tuple[Decision, ServerSample | None, Outlook | None]]:
+    law = AdaptiveLimit(law_settings(ConcurrencyConfig()))
+    decisions = []
+    for row in pq.read_table(RECORDED).to_pylist():
+        observation = observation_from_row(row)
+        decisions.append((law.observe(observation), observation.server, observation.outlook))
+    return decisions
+
+
+def test_a_long_timeline_holds_one_segment_in_memory_and_reads_back_whole_and_in_order(
+    tmp_path: Path,
+) -> None:
+    decisions = _replayed() * 10  # the recorded run's 20 decisions, ten times over
+    timeline = Timeline(tmp_path, segment_rows=50)
+    most_held = 0
+    for i, (decision, sample, outlook) in enumerate(decisions):
+        timeline.add("http://a", decision, sample, outlook)
+        most_held = max(most_held, timeline.held)
+        if i % 7 == 6:  # the periodic write
+            timeline.write()
+    timeline.write()
+
+    assert most_held <= 50 + 7
+    rows = read_timeline(tmp_path)
+    assert [(r["at"], r["limit"], r["reason"]) for r in rows] == [
+        (d.at, d.limit, d.reason) for d, _, _ in decisions
+    ]
+    sizes = [pq.ParquetFile(path).metadata.num_rows for path in timeline_files(tmp_path)]
+    assert all(50 <= size <= 56 for size in sizes[:-1]) and 0 < sizes[-1] <= 56
+    assert count_decisions(tmp_path) == len(decisions)
+
+
+def test_a_write_with_nothing_new_leaves_the_files_alone(tmp_path: Path) -> None:
+    timeline = Timeline(tmp_path, segment_rows=2)
+    decision, sample, outlook = _replayed()[0]
+    timeline.add("http://a", decision, sample, outlook)
+    timeline.add("http://a", decision, sample, outlook)
+    timeline.write()  # the segment is full: the next write begins another
+    timeline.write()
+    assert len(timeline_files(tmp_path)) == 1 and timeline.held == 0
+    timeline.add("http://a", decision, sample, outlook)
+    timeline.write()
+    assert [pq.ParquetFile(p).metadata.num_rows for p in timeline_files(tmp_path)] == [2, 1]
+
+
+def test_the_tally_counts_what_the_written_rows_say(tmp_path: Path) -> None:
+    timeline = Timeline(tmp_path, segment_rows=40)
+    for decision, sample, outlook in _replayed():
+        timeline.add("http://a", decision, sample, outlook)
+        timeline.write()
+    rows = read_timeline(tmp_path)
+    tally = timeline.tallies["http://a"]
+    assert tally == DecisionTally(
+        decisions=len(rows),
+        changes=sum(r["limit"] != r["previous"] for r in rows),
+        back_offs=sum(r["reason"].startswith("back off") for r in rows),
+        retractions=sum(r["retractions"] for r in rows),
+        max_queued=max(r["queued"] or 0 for r in rows),
+        min_limit=min(r["limit"] for r in rows),
+        max_limit=max(r["limit"] for r in rows),
+    )
+    assert tally.back_offs == 1 and tally.retractions >= 1 and tally.changes > 5
+
+
+def test_a_resumed_run_reads_the_earlier_starts_first_including_a_file_of_an_earlier_release(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / TIMELINE_DIR).mkdir()
+    old = tmp_path / TIMELINE_DIR / "part-20200101T000000000000Z.parquet"  # one file per start, as before
+    pq.write_table(pa.Table.from_pylist([{"endpoint": "http://a", "at": 1.0, "limit": 3}]), old)
+    decisions = _replayed()[:5]
+    for _ in range(2):  # two starts of the run
+        timeline = Timeline(tmp_path, segment_rows=2)
+        for decision, sample, outlook in decisions:
+            timeline.add("http://a", decision, sample, outlook)
+            timeline.write()
+    rows = read_timeline(tmp_path)
+    assert [r["limit"] for r in rows] == [3] + [d.limit for d, _, _ in decisions] * 2
+
+
+def _row(at: float, limit: int, queued: int | None, kv: float | None, endpoint: str = "a") -> dict:
+    return {
+        "endpoint": endpoint,
+        "at": at,
+        "limit": limit,
+        "in_flight": limit - 1,
+        "queued": queued,
+        "kv_usage": kv,
+    }
+
+
+def test_the_plot_draws_a_long_timeline_in_bins_with_mean_limits_and_peak_queues_and_usage() -> None:
+    rows = [
+        _row(1, 10, 0, 0.5),
+        _row(2, 20, 4, None),
+        _row(3, 30, None, 0.9),
+        _row(4, 40, 1, 0.2),
+        _row(5, 50, None, None),
+        _row(1, 60, 2, 0.4),  # the run was resumed: its times begin again
+        _row(2, 70, 0, 0.3, endpoint="b"),
+    ]
+    series = controller_series(rows, bin_rows=3)
+    a = series["a"]
+    assert a["t"] == [1, 4] and a["limit"] == [20, 50] and a["in_flight"] == [19, 49]
+    assert a["queued"] == [4, 2] and a["kv"] == [0.9, 0.4]
+    assert series["b"]["t"] == [7] and series["b"]["limit"] == [70]  # 5 + 2 on the run's one axis
+
+    unbinned = controller_series(rows[:5])
+    assert unbinned["a"]["limit"] == [10, 20, 30, 40, 50]
+    assert math.isnan(unbinned["a"]["queued"][2]) and math.isnan(unbinned["a"]["kv"][1])
+
+
+def test_a_binned_plot_is_written_and_a_run_without_decisions_has_none(tmp_path: Path) -> None:
+    rows = [_row(float(t), 10 + t % 7, t % 3, 0.5) for t in range(1, 2000)]
+    assert plot_controller(iter(rows), tmp_path / "c.png", bin_rows=100)
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert not plot_controller(iter([]), tmp_path / "none.png") and not (tmp_path / "none.png").exists()
