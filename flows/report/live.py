@@ -217,6 +217,25 @@ def endpoint_table(session: RunSession) -> list[dict[str, Any]]:
 LIMIT_RISE_WORTH_A_LINE = 0.25
 LIMIT_DROP_WORTH_A_LINE = 0.10
 """A limit rising by a quarter or dropping by a tenth is a run-level event; small steps are not."""
+LIMIT_LINE_EVERY_S = 600.0
+"""After a concurrency line, an endpoint's next one waits this long and sums up what the limit did
+meanwhile. The law moves with each cohort of requests: a line per big change was 5-10 lines a
+minute on the real SGLang and the simulator, 50,000-100,000 a week in the Prefect UI's log."""
+
+
+@dataclass
+class _LimitWindow:
+    """One endpoint's limit since its last concurrency line."""
+
+    low: int
+    high: int
+    said_at: float | None = None
+    changed: bool = False
+    """A change worth a line happened since the last line."""
+
+    def reset(self, limit: int, now: float) -> None:
+        self.low = self.high = limit
+        self.said_at, self.changed = now, False
 
 
 @dataclass
@@ -225,6 +244,7 @@ class RunEvents:
 
     limits: dict[str, int] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    windows: dict[str, _LimitWindow] = field(default_factory=dict)
 
     @staticmethod
     def start_line(session: RunSession) -> str:
@@ -246,8 +266,11 @@ class RunEvents:
             f"{tally.completion_tokens} output tokens in this run ({run.counts.already_done} done before)"
         )
 
-    def look(self, session: RunSession) -> list[str]:
-        """Server restarts, and concurrency changes that matter (a back-off, or a quarter or more)."""
+    def look(self, session: RunSession, now: float | None = None) -> list[str]:
+        """Server restarts, and concurrency changes that matter (a back-off, or a quarter or more):
+        the first at once, then at most one line per endpoint every ``LIMIT_LINE_EVERY_S``, with the
+        range the limit took since the last."""
+        now = time.monotonic() if now is None else now
         lines: list[str] = []
         for endpoint in session.pool.endpoints:
             key = endpoint.client.endpoint
@@ -256,12 +279,21 @@ class RunEvents:
             self.restarts[key] = endpoint.guard.restarts
         for view in session.snapshot()["endpoints"]:
             key, limit = view["endpoint"], int(view["limit"])
-            before = self.limits.get(key)
+            before = self.limits.get(key, limit)
             self.limits[key] = limit
-            if before is None or before == limit:
-                continue
+            window = self.windows.setdefault(key, _LimitWindow(limit, limit))
+            window.low, window.high = min(window.low, limit), max(window.high, limit)
             share = (limit - before) / max(before, 1)
-            if share >= LIMIT_RISE_WORTH_A_LINE or -share >= LIMIT_DROP_WORTH_A_LINE:
-                reason = f" ({view['reason']})" if view["reason"] else ""
+            window.changed |= share >= LIMIT_RISE_WORTH_A_LINE or -share >= LIMIT_DROP_WORTH_A_LINE
+            if not window.changed or (
+                window.said_at is not None and now - window.said_at < LIMIT_LINE_EVERY_S
+            ):
+                continue
+            reason = f" ({view['reason']})" if view["reason"] else ""
+            if window.said_at is None:
                 lines.append(f"concurrency on {key}: {before} -> {limit} in flight{reason}")
+            else:
+                span = f"{window.low}-{window.high} over the last {_duration(now - window.said_at)}"
+                lines.append(f"concurrency on {key}: {limit} in flight{reason}; {span}")
+            window.reset(limit, now)
         return lines

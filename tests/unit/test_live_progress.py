@@ -61,8 +61,8 @@ def test_rates_are_over_the_window() -> None:
     assert rates.per_s() == (2.0, 100.0)
 
 
-def test_events_say_back_offs_and_big_changes_only() -> None:
-    views = iter([64, 60, 30, 45])
+def test_events_say_a_big_change_at_once_then_sum_up_the_limit_every_ten_minutes() -> None:
+    views = iter([64, 60, 30, 45, 90, 90, 88, 88, 88])
     endpoint = SimpleNamespace(client=SimpleNamespace(endpoint="e"), guard=SimpleNamespace(restarts=0))
 
     def snapshot() -> dict[str, Any]:
@@ -70,12 +70,18 @@ def test_events_say_back_offs_and_big_changes_only() -> None:
 
     session = SimpleNamespace(snapshot=snapshot, pool=SimpleNamespace(endpoints=[endpoint]))
     events = RunEvents()
-    said = [events.look(session) for _ in range(4)]
+    at = [0.0, 3.0, 6.0, 9.0, 300.0, 606.0, 700.0, 1300.0, 1400.0]
+    said = [events.look(session, now=t) for t in at]
     assert said == [
         [],
-        [],
+        [],  # a drop under a tenth
         ["concurrency on e: 60 -> 30 in flight (kv)"],
-        ["concurrency on e: 30 -> 45 in flight (kv)"],
+        [],  # within ten minutes of the last line: kept for the summing up
+        [],
+        ["concurrency on e: 90 in flight (kv); 30-90 over the last 10 min"],
+        [],
+        [],  # 90 -> 88 over the next ten minutes is no change worth a line
+        [],
     ]
 
 
