@@ -20,6 +20,9 @@ Settings run in an interleaved order (A B C ..., then rotated), repeated; the ta
   the first request sent to the last, read from the rows' ``created_at - latency_s``). On a run of
   20 s the process start-up, the first fill and the drain after the last prompt are a third of the
   samples, alike for every setting; no law can feed a server from prompts it no longer has;
+- server busy (SGLang): the share of those seconds the server spent in decode and prefill steps, by
+  its own counters (``/v1/loads``, read before and after the run): whether an empty queue with the
+  cache under 0.8 left the server idle, or it was computing all along (bound by compute, not KV);
 - p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
 
 With ``--keep DIR`` each run's directory also holds its ``-v`` log, its 1 s server readings
@@ -57,7 +60,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.spinner import busy_core
-from flows.control.signals import ServerSample, parse_metrics
+from flows.control.signals import ServerSample, parse_loads, parse_metrics
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.launcher import free_port, remove_leftover_shm, shm_files
 
@@ -78,6 +81,10 @@ class Outcome:
     cpu_s: float
     requests: int
     peak_queue: int = 0
+    busy: float | None = None
+    """The share of the run's time the server spent in decode and prefill steps, by its own counters
+    (SGLang's ``/v1/loads``; None for vLLM): what an empty queue with a cache under 0.8 ("starved")
+    does not tell, whether the server was idle."""
     samples: list[ServerSample] = field(default_factory=list)
 
 
@@ -114,6 +121,16 @@ def read_sample(url: str) -> ServerSample:
     sample = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
     assert sample is not None, "the server serves no load metrics"
     return sample
+
+
+def read_busy_us(url: str) -> float | None:
+    """The server's decode and prefill time so far (SGLang's ``/v1/loads``); None where it has none."""
+    try:
+        response = httpx.get(f"{url}/v1/loads", timeout=10)
+        sample = parse_loads(response.json()) if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return sample.busy_us if sample is not None else None
 
 
 def start_server(engine: str, port: int, args: argparse.Namespace, log: Path) -> subprocess.Popen[bytes]:
@@ -194,7 +211,7 @@ def one_run(
 ) -> Outcome:
     """One ``datagen run`` of ``config``; ``tree``: the source tree to run it from (default: this one)."""
     log_from = server_log.stat().st_size if server_log else 0
-    before = read_sample(url)
+    before, busy_before = read_sample(url), read_busy_us(url)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     poller = Poller(url, poll_hz)
     poller.start()
@@ -211,7 +228,7 @@ def one_run(
     usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise RuntimeError(result.stderr.decode()[-3000:])
-    after = read_sample(url)
+    after, busy_after = read_sample(url), read_busy_us(url)
     rows = [
         row
         for path in (run_dir / "data").rglob("*.parquet")
@@ -234,8 +251,9 @@ def one_run(
     ]
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
+    seconds = json.loads((run_dir / "summary.json").read_text())["seconds"]
     return Outcome(
-        tok_s=generated / json.loads((run_dir / "summary.json").read_text())["seconds"],
+        tok_s=generated / seconds,
         retractions_per_1k=1000 * retractions / max(requests, 1),
         starved=sum(starved) / max(len(samples), 1),
         starved_sending=sum(sending) / len(sending) if sending else None,
@@ -244,6 +262,9 @@ def one_run(
         cpu_s=(usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime),
         requests=len(latencies),
         peak_queue=max((s.queued or 0 for s in samples), default=0),
+        busy=None
+        if busy_before is None or busy_after is None
+        else (busy_after - busy_before) / 1e6 / seconds,
     )
 
 
@@ -333,7 +354,7 @@ def main() -> None:
                     console.print(
                         f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
                         f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%} "
-                        f"({percent(outcome.starved_sending)} sending), "
+                        f"({percent(outcome.starved_sending)} sending), busy {percent(outcome.busy)}, "
                         f"peak queue {outcome.peak_queue}, cpu {outcome.cpu_s:.1f} s"
                     )
         finally:
@@ -369,6 +390,7 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
         "retr/1k req",
         "starved",
         "starved sending",
+        "server busy",
         "peak queue",
         "p50 s",
         "p99 s",
@@ -386,6 +408,7 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
             f"{med(setting, 'retractions_per_1k'):.1f}",
             f"{med(setting, 'starved'):.0%}",
             percent(median_known(o.starved_sending for o in outcomes)),
+            percent(median_known(o.busy for o in outcomes)),
             f"{med(setting, 'peak_queue'):.0f}",
             f"{med(setting, 'p50'):.2f}",
             f"{med(setting, 'p99'):.2f}",

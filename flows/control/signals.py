@@ -43,6 +43,10 @@ class ServerSample:
     max_running: int | None = None
     generation_tokens_total: float | None = None
     """Output tokens the server generated since it started (the benchmarks' throughput counter)."""
+    busy_us: float | None = None
+    """Microseconds the scheduler spent in decode and prefill steps since it started, the mean over
+    DP ranks (SGLang's ``/v1/loads`` counters, 0.5.2x): between two readings, the share of the time
+    the server computed, whatever its queue and cache say."""
 
 
 LOAD_METRICS = frozenset(
@@ -151,6 +155,7 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         return None
     used = sum(float(e.get("num_used_tokens", 0)) for e in loads)
     capacity = sum(int(e.get("max_total_num_tokens", 0)) for e in loads)
+    busy = [_busy_us(e) for e in loads]
     return ServerSample(
         source="sglang-loads",
         kv_usage=used / capacity if capacity else None,
@@ -158,7 +163,20 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         queued=sum(int(e.get("num_waiting_reqs", 0)) for e in loads),
         capacity_tokens=capacity or None,
         max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
+        busy_us=None if None in busy else sum(b for b in busy if b is not None) / len(busy),
     )
+
+
+def _busy_us(load: dict[str, Any]) -> float | None:
+    """One rank's decode and prefill step time so far: ``decode_moments`` is [steps, sum of batch
+    sizes, sum of step µs, ...] (absent before the first decode step); None where the server does not
+    count its prefill time (before 0.5.2x)."""
+    prefill = load.get("total_prefill_busy_us")
+    if not isinstance(prefill, int | float):
+        return None
+    moments = load.get("decode_moments")
+    decode = moments[2] if isinstance(moments, list) and len(moments) > 2 else 0.0
+    return float(prefill) + float(decode)
 
 
 def _int(value: float | None) -> int | None:

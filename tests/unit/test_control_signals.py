@@ -77,7 +77,20 @@ def test_v1_loads_under_load() -> None:
     assert sample is not None
     assert (sample.running, sample.queued, sample.capacity_tokens, sample.max_running) == (8, 56, 4096, 16)
     assert sample.kv_usage is not None and abs(sample.kv_usage - 3796 / 4096) < 1e-9
+    assert sample.busy_us == 1056093 + 13411235  # prefill's busy µs + the decode steps' (decode_moments[2])
     assert parse_loads({"loads": []}) is None
+
+
+def test_the_busy_time_is_the_mean_over_dp_ranks_and_unknown_where_the_server_does_not_count_it() -> None:
+    idle = json.loads(_text("sglang-0.5.23/v1_loads_idle.json"))["loads"][0]
+    two_ranks = {"loads": [idle, {**idle, "total_prefill_busy_us": 0, "decode_moments": None}]}
+    sample = parse_loads(two_ranks)
+    assert sample is not None and sample.busy_us == (87672 + 360151) / 2  # the second rank never decoded
+    older = {
+        key: value for key, value in idle.items() if key not in ("total_prefill_busy_us", "decode_moments")
+    }
+    before = parse_loads({"loads": [older]})
+    assert before is not None and before.busy_us is None and before.running == idle["num_running_reqs"]
 
 
 def test_the_pool_from_server_info_fills_only_what_is_missing() -> None:
