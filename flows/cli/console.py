@@ -64,12 +64,15 @@ class LiveProgress:
 
 
 def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:
-    """``in flight/limit``, KV usage and server queue of an endpoint (its URL only when there are several)."""
+    """``in flight/limit``, KV usage, server queue and busy share of an endpoint (its URL only when there
+    are several)."""
     parts = [f"{endpoint['in_flight']}/{endpoint['limit']} in flight"]
     if endpoint["kv_usage"] is not None:
         parts.append(f"KV {endpoint['kv_usage']:.0%}")
     if endpoint["queued"] is not None:
         parts.append(f"queue {endpoint['queued']}")
+    if endpoint.get("busy") is not None:
+        parts.append(f"busy {endpoint['busy']:.0%}")
     line = ", ".join(parts)
     return f"{endpoint['endpoint']}: {line}" if several else line
 

@@ -13,6 +13,7 @@ import time
 
 from flows.client.guard import Endpoint
 from flows.control.adaptive import AdaptiveLimit, Decision, Observation
+from flows.control.busy import BusyMeter
 from flows.control.limiter import Lane, Limiter
 from flows.control.signals import ServerSample, SignalReader, with_pool
 from flows.control.timeline import Timeline
@@ -48,6 +49,8 @@ class EndpointController:
         self.page: int | None = None
         self.last: Decision | None = None
         self.last_sample: ServerSample | None = None
+        self.busy = BusyMeter()
+        """The server's busy share (SGLang's own counter): for the live views and the report."""
         self._rate = 0.0
 
     @property
@@ -65,6 +68,8 @@ class EndpointController:
             sample = with_pool(await self.reader.read(), self.capacity, self.page)
             memory = await self.vram.read() if self.vram is not None else None
             now = time.monotonic()
+            if sample is not None and sample.busy_us is not None:
+                self.busy.add(now, sample.busy_us)
             done = self.lane.completed
             rate = (done - last_completed) / max(now - last_at, 1e-6)
             self._rate += RATE_ALPHA * (rate - self._rate)

@@ -189,12 +189,20 @@ METRICS_HINT = (
 )
 
 
+BUSY_EVERY_READS = 10
+"""With ``/metrics`` as the source, SGLang's busy counter (``/v1/loads``) is read once every this many
+reads: it is cumulative, so reading it seldom loses nothing but resolution, and each read is a request
+the server's one scheduler thread answers."""
+
+
 class SignalReader:
     """Reads one endpoint's load: ``/metrics`` first, ``/v1/loads`` where metrics are not served.
 
     Which source answers is found once and kept; a source that stops answering is looked for again
     at the next read. Failures (a restarting server) read as ``None``: the law then holds or uses
-    the client's own counts, and the endpoint guard deals with the outage.
+    the client's own counts, and the endpoint guard deals with the outage. Every
+    ``BUSY_EVERY_READS``-th read also carries the server's busy counter where it has one (SGLang
+    0.5.2x); a server that answers without it (vLLM, older SGLang) is not asked again.
     """
 
     def __init__(
@@ -205,6 +213,8 @@ class SignalReader:
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, verify=tls_context(ca_bundle))
         self._source: str | None = None
         self._warned = False
+        self._counts_busy: bool | None = None
+        """Whether the server has a busy counter: None until it answers ``/v1/loads``."""
         self.read_seconds = 0.0
         """Wall time spent reading signals, so the cost of polling is measured, not guessed."""
         self.reads = 0
@@ -216,6 +226,12 @@ class SignalReader:
                 sample = await self._read(source)
                 if sample is not None:
                     self._source = source
+                    if (
+                        source == "metrics"
+                        and self._counts_busy is not False
+                        and self.reads % BUSY_EVERY_READS == 0
+                    ):
+                        sample = replace(sample, busy_us=await self._busy_us())
                     return sample
             self._source = None
             self._warn_once()
@@ -235,6 +251,22 @@ class SignalReader:
             return parse_loads(response.json())
         except (httpx.HTTPError, ValueError, json.JSONDecodeError):
             return None
+
+    async def _busy_us(self) -> float | None:
+        """The busy counter from ``/v1/loads``. A server that answers without one, or without the
+        route, is not asked again; one that cannot answer now (a restart) is asked next time."""
+        try:
+            response = await self._http.get(f"{self.url}/v1/loads")
+            if response.status_code >= 500:
+                return None
+            loads = parse_loads(response.json()) if response.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+        except ValueError:  # not JSON: a server of another kind
+            loads = None
+        busy = loads.busy_us if loads is not None else None
+        self._counts_busy = busy is not None
+        return busy
 
     def _warn_once(self) -> None:
         if not self._warned:

@@ -139,12 +139,14 @@ class Control:
                     "max_queued": tally.max_queued,
                     "signal_reads": reads,
                     "signal_read_ms": round(1000 * controller.reader.read_seconds / max(reads, 1), 2),
+                    "server_busy": controller.busy.overall(),
                 }
             )
         return {"mode": "adaptive", "endpoints": endpoints}
 
     def endpoints_view(self) -> list[dict[str, Any]]:
-        """Per endpoint, for the live line and the Prefect artifact: limit, in flight, KV usage, queue."""
+        """Per endpoint, for the live line and the Prefect artifact: limit, in flight, KV usage, queue,
+        and the server's busy share where it counts one."""
         view = []
         controllers = {id(c.lane): c for c in self.controllers}
         for lane in self.limiter.lanes:
@@ -157,6 +159,7 @@ class Control:
                     "in_flight": lane.in_flight,
                     "kv_usage": sample.kv_usage if sample else None,
                     "queued": sample.queued if sample else None,
+                    "busy": controller.busy.recent if controller else None,
                     "reason": controller.last.reason if controller and controller.last else None,
                 }
             )

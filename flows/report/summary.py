@@ -151,14 +151,15 @@ def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
         "## Concurrency (adaptive)",
         "",
         "| endpoint | final limit | range | decisions | changes | back-offs | retractions | max queued "
-        "| signal reads | ms/read |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| server busy | signal reads | ms/read |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for e in concurrency["endpoints"]:
+        busy = e.get("server_busy")  # None where the server counts no busy time (and in older summaries)
         lines.append(
             f"| {e['endpoint']} | {e['final_limit']} | {e['min_limit']}-{e['max_limit']} | {e['decisions']} "
             f"| {e['changes']} | {e['back_offs']} | {e['retractions']} | {e['max_queued']} "
-            f"| {e['signal_reads']} | {e['signal_read_ms']} |"
+            f"| {'-' if busy is None else f'{busy:.0%}'} | {e['signal_reads']} | {e['signal_read_ms']} |"
         )
     lines += ["", f"![controller timeline]({CONTROLLER_PLOT})"]
     return lines

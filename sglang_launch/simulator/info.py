@@ -107,10 +107,22 @@ def model_info_body(cfg: SimConfig) -> dict[str, Any]:
     }
 
 
+def _wall_moments(moments: list[float], time_scale: float) -> list[float] | None:
+    """The decode sums with their step times in wall-clock µs, as SGLang counts them (the simulated
+    seconds run ``time_scale`` times as fast); None before the first decode step, as in SGLang."""
+    if not moments[0]:
+        return None
+    us = time_scale * 1e6
+    steps, batch, seconds, squares, products, tokens = moments
+    return [steps, batch, seconds * us, squares, products * us, tokens]
+
+
 def loads_body(cfg: SimConfig, scheduler: Scheduler, gauges: Gauges, now: float) -> dict[str, Any]:
     """``GET /v1/loads``: read live from the scheduler, fresher than ``/metrics`` as in SGLang.
 
-    ``gen_throughput`` is the last published one; the prefix cache is not modelled (hit rate 0).
+    ``gen_throughput`` is the last published one; the prefix cache is not modelled (hit rate 0). The
+    busy counters are the simulated step times in wall-clock µs, so their share of wall time is the
+    share the server spent computing.
     """
     used = scheduler.used_tokens
     waiting_tokens = scheduler.waiting_tokens()
@@ -131,8 +143,8 @@ def loads_body(cfg: SimConfig, scheduler: Scheduler, gauges: Gauges, now: float)
         "cache_hit_rate": 0.0,
         "utilization": 0.0,
         "total_prefill_uncached_tokens": scheduler.counters.prefill_tokens,
-        "total_prefill_busy_us": 0,
-        "decode_moments": [0.0] * 6,
+        "total_prefill_busy_us": round(scheduler.counters.prefill_busy_s * cfg.time_scale * 1e6),
+        "decode_moments": _wall_moments(scheduler.counters.decode_moments, cfg.time_scale),
         "memory": {
             "weight_gb": 0.0,
             "kv_cache_gb": 0.0,

@@ -170,6 +170,10 @@ class SchedulerCounters:
     peak_running: int = 0
     peak_queued: int = 0
     peak_used_tokens: int = 0
+    prefill_busy_s: float = 0.0
+    decode_moments: list[float] = field(default_factory=lambda: [0.0] * 6)
+    """SGLang's decode step sums (0.5.2x, ``/v1/loads``): steps, Σ batch, Σ step seconds, Σ batch²,
+    Σ batch x seconds, Σ tokens, in simulated seconds."""
 
 
 @dataclass(slots=True)
@@ -279,6 +283,7 @@ class Scheduler:
         self.counters.prefill_tokens += input_tokens
         self.counters.peak_running = max(self.counters.peak_running, len(self.running))
         duration = self.params.prefill_seconds(input_tokens)
+        self.counters.prefill_busy_s += duration
         finished = self._advance(batch)
         self.clock_s += duration
         return StepResult(
@@ -304,6 +309,9 @@ class Scheduler:
         batch = list(self.running)
         duration = self.params.decode_seconds(len(batch), self.used_tokens)
         self.counters.decode_steps += 1
+        size = float(len(batch))
+        for i, value in enumerate((1.0, size, duration, size * size, size * duration, size)):
+            self.counters.decode_moments[i] += value
         finished = self._advance(batch)
         self.clock_s += duration
         return StepResult(

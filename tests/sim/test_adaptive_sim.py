@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pipeline_support import check_run, write_config, write_prompts
@@ -49,6 +50,9 @@ async def test_a_config_without_a_number_runs_adaptive_fills_the_cache_and_never
     queued = [row["queued"] or 0 for row in timeline]
     assert max(queued) <= 40, queued  # a fixed 256 would queue hundreds here
     assert {row["source"] for row in timeline} == {"sglang-metrics"}
+    # the server's own busy counter (/v1/loads), read every tenth poll, in the report's numbers
+    (endpoint,) = json.loads((tmp_path / "adaptive" / "summary.json").read_text())["concurrency"]["endpoints"]
+    assert 0.05 < endpoint["server_busy"] <= 1.0, endpoint
     # Few retractions, not none: the same code gave 2-9 in six runs on these 2 cores (the bound of 6
     # it had failed at random); issue 8's goal of 1 per 1,000 is a benchmark figure, not this test's.
     assert stats["retractions"] <= 600 // 50, stats

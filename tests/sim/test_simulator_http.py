@@ -7,7 +7,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
+from flows.control.signals import parse_loads
 from sglang_launch.simulator import ThreadedSimulator
 
 if TYPE_CHECKING:
@@ -41,14 +43,34 @@ def test_v1_models_matches_the_real_body(sim: ThreadedSimulator, captured: Captu
 
 def test_v1_loads_has_the_real_layout_and_live_values(sim: ThreadedSimulator, captured: Captured) -> None:
     ours = httpx.get(sim.url + "/v1/loads").json()
-    assert captured.key_tree(ours) == captured.key_tree(captured.json("v1_loads_idle.json"))
     load = ours["loads"][0]
+    # nothing decoded yet, so no decode sums (SGLang's null); a real server has its warm-up's six steps
+    assert (load["decode_moments"], load["total_prefill_busy_us"]) == (None, 0)
+    warmed = {**ours, "loads": [{**load, "decode_moments": [0.0] * 6}]}
+    assert captured.key_tree(warmed) == captured.key_tree(captured.json("v1_loads_idle.json"))
     assert (load["max_total_num_tokens"], load["max_running_requests"], load["num_running_reqs"]) == (
         4096,
         16,
         0,
     )
     assert ours["version"] == "0.5.23"
+
+
+def test_v1_loads_counts_busy_time_in_wall_clock_microseconds(start_sim: StartSim) -> None:
+    sim = start_sim(time_scale=0.5)
+    httpx.post(
+        sim.url + "/v1/chat/completions",
+        json={"model": "tinyllm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+        timeout=30,
+    ).raise_for_status()
+    load = httpx.get(sim.url + "/v1/loads").json()["loads"][0]
+    counters = httpx.get(sim.url + "/sim/stats").json()
+    steps, batch, step_us = load["decode_moments"][:3]
+    assert steps == counters["decode_steps"] > 0 and batch == steps  # one request, one token a step
+    assert step_us == pytest.approx(counters["decode_moments"][2] * 0.5 * 1e6)  # simulated s x time scale
+    assert load["total_prefill_busy_us"] == round(counters["prefill_busy_s"] * 0.5 * 1e6)
+    sample = parse_loads(httpx.get(sim.url + "/v1/loads").json())
+    assert sample is not None and sample.busy_us == pytest.approx(step_us + load["total_prefill_busy_us"])
 
 
 def test_server_info_keeps_the_real_key_layout(sim: ThreadedSimulator, captured: Captured) -> None:

@@ -239,6 +239,18 @@ def test_virtual_clock_sums_the_step_times() -> None:
     assert s.clock_s == pytest.approx(expected)
 
 
+def test_the_busy_counters_sum_the_step_times_as_sglang_counts_them() -> None:
+    s = make(pool=100000)
+    s.submit(req("A", 100, 3))
+    s.submit(req("B", 100, 3))
+    run_all(s)
+    p = s.params
+    steps = [p.decode_seconds(2, 202), p.decode_seconds(2, 204)]
+    assert s.counters.prefill_busy_s == pytest.approx(p.prefill_seconds(200))
+    # steps, sum of batch sizes, of step times, of batch sizes squared, of batch x time, of tokens
+    assert s.counters.decode_moments == pytest.approx([2, 4, sum(steps), 8, 2 * sum(steps), 4])
+
+
 def test_output_tokens_must_lie_within_max_new() -> None:
     with pytest.raises(ValueError):
         SimRequest("A", 10, 5, 6)
