@@ -71,7 +71,7 @@ def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:
         parts.append(f"KV {endpoint['kv_usage']:.0%}")
     if endpoint["queued"] is not None:
         parts.append(f"queue {endpoint['queued']}")
-    if endpoint.get("busy") is not None:
+    if endpoint["busy"] is not None:
         parts.append(f"busy {endpoint['busy']:.0%}")
     line = ", ".join(parts)
     return f"{endpoint['endpoint']}: {line}" if several else line

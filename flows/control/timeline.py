@@ -62,8 +62,8 @@ class DecisionTally:
         self.back_offs += decision.reason.startswith("back off")
         self.retractions += decision.retractions
         self.max_queued = max(self.max_queued, decision.queued or 0)
-        self.min_limit = min(self.min_limit if self.min_limit is not None else decision.limit, decision.limit)
-        self.max_limit = max(self.max_limit if self.max_limit is not None else decision.limit, decision.limit)
+        self.min_limit = decision.limit if self.min_limit is None else min(self.min_limit, decision.limit)
+        self.max_limit = decision.limit if self.max_limit is None else max(self.max_limit, decision.limit)
 
 
 class Timeline:

@@ -207,7 +207,7 @@ def endpoint_table(session: RunSession) -> list[dict[str, Any]]:
                 "in flight": view["in_flight"],
                 "KV usage": "-" if view["kv_usage"] is None else f"{view['kv_usage']:.0%}",
                 "server queue": "-" if view["queued"] is None else view["queued"],
-                "server busy": "-" if view.get("busy") is None else f"{view['busy']:.0%}",
+                "server busy": "-" if view["busy"] is None else f"{view['busy']:.0%}",
                 "controller": view["reason"] or "-",
                 "restarts": restarts.get(view["endpoint"], 0),
             }
