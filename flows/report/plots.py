@@ -67,18 +67,30 @@ def plot_controller(rows: Iterable[dict[str, Any]], path: Path, *, bin_rows: int
 
 
 def controller_series(rows: Iterable[dict[str, Any]], bin_rows: int = 1) -> dict[str, dict[str, list[float]]]:
-    """Per endpoint, the points to draw: time on one axis across the starts of a resumed run (a
-    start's times begin again at 0), each point a bin of ``bin_rows`` of the endpoint's decisions."""
-    offset, last_at = 0.0, None
+    """Per endpoint, the points to draw: time on one axis across the starts of a resumed run, each
+    point a bin of ``bin_rows`` of the endpoint's decisions.
+
+    A decision's time counts from its own controller's start, so the endpoints' rows of one start
+    interleave with times a little apart; a start of the run is an endpoint's time going back (an
+    endpoint first seen joins the start the run is in), and it follows the longest time of the
+    start before it.
+    """
+    longest: list[float] = [0.0]  # per start of the run
+    start_of: dict[str, int] = {}
+    last_at: dict[str, float] = {}
     bins: dict[str, _Bin] = {}
     series: dict[str, dict[str, list[float]]] = {}
     for row in rows:
-        if last_at is not None and row["at"] < last_at:  # a new start of the run: continue the axis
-            offset += last_at
-        last_at = row["at"]
-        endpoint = row["endpoint"]
+        endpoint, at = row["endpoint"], row["at"]
+        if endpoint not in start_of:  # first seen: in the start the run is in now
+            start = len(longest) - 1
+        else:
+            start = start_of[endpoint] + (at < last_at[endpoint])
+        start_of[endpoint], last_at[endpoint] = start, at
+        longest.extend([0.0] * (start + 1 - len(longest)))
+        longest[start] = max(longest[start], at)
         current = bins.setdefault(endpoint, _Bin())
-        current.add(offset + row["at"], row)
+        current.add(sum(longest[:start]) + at, row)
         if current.count >= bin_rows:
             current.drain(series.setdefault(endpoint, _empty_series()))
     for endpoint, current in bins.items():

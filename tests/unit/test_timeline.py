@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from flows.config import ConcurrencyConfig
 from flows.control.adaptive import AdaptiveLimit, Decision
@@ -142,6 +143,15 @@ def test_the_plot_draws_a_long_timeline_in_bins_with_mean_limits_and_peak_queues
     unbinned = controller_series(rows[:5])
     assert unbinned["a"]["limit"] == [10, 20, 30, 40, 50]
     assert math.isnan(unbinned["a"]["queued"][2]) and math.isnan(unbinned["a"]["kv"][1])
+
+
+def test_endpoints_whose_times_interleave_share_one_axis_across_a_restart() -> None:
+    # each controller counts from its own start: b's times run 0.3 s behind a's, rows alternate
+    rows = [row for t in (1.0, 2.0, 3.0) for row in (_row(t, 10, 0, 0.5), _row(t - 0.3, 20, 0, 0.5, "b"))]
+    rows += [row for t in (0.5, 1.5) for row in (_row(t, 30, 0, 0.5), _row(t - 0.3, 40, 0, 0.5, "b"))]
+    series = controller_series(rows)
+    assert series["a"]["t"] == [1.0, 2.0, 3.0, 3.5, 4.5]  # the second start follows the first's 3.0
+    assert series["b"]["t"] == pytest.approx([0.7, 1.7, 2.7, 3.2, 4.2])
 
 
 def test_a_binned_plot_is_written_and_a_run_without_decisions_has_none(tmp_path: Path) -> None:
