@@ -4,7 +4,7 @@ Files of one start of the run (``timeline/part-<start>-<segment>.parquet``) hold
 ``SEGMENT_ROWS`` decisions each: the open segment is rewritten atomically as it grows, a full one is
 left as it is and a new one begun. A run meant to go on for a week keeps one segment in memory and
 rewrites at most that much every half minute (one file for the whole start held a week's 600,000
-decisions of one endpoint, about half a GiB, and took 4.4 CPU s to rewrite each time, on the core
+decisions of one endpoint, over half a GiB, and took 4.4 CPU s to rewrite each time, on the core
 that sends the requests). A resumed run keeps the earlier starts' files and the report plots them
 all. A law replays on these rows exactly: they hold everything it was given.
 """
