@@ -214,7 +214,6 @@ class SignalReader:
         self._source: str | None = None
         self._warned = False
         self._counts_busy: bool | None = None
-        """Whether the server has a busy counter: None until it answers ``/v1/loads``."""
         self.read_seconds = 0.0
         """Wall time spent reading signals, so the cost of polling is measured, not guessed."""
         self.reads = 0
@@ -231,7 +230,7 @@ class SignalReader:
                         and self._counts_busy is not False
                         and self.reads % BUSY_EVERY_READS == 0
                     ):
-                        sample = replace(sample, busy_us=await self._busy_us())
+                        sample = replace(sample, busy_us=await self.busy_us())
                     return sample
             self._source = None
             self._warn_once()
@@ -252,7 +251,12 @@ class SignalReader:
         except (httpx.HTTPError, ValueError, json.JSONDecodeError):
             return None
 
-    async def _busy_us(self) -> float | None:
+    @property
+    def counts_busy(self) -> bool | None:
+        """Whether the server has a busy counter: None until it answered ``/v1/loads``."""
+        return self._counts_busy
+
+    async def busy_us(self) -> float | None:
         """The busy counter from ``/v1/loads``. A server that answers without one, or without the
         route, is not asked again; one that cannot answer now (a restart) is asked next time."""
         try:

@@ -113,6 +113,9 @@ def test_demo_command_runs_under_prefect_and_writes_a_loadable_dataset(tmp_path:
     assert "Prefect: on" in text and "load_dataset" in text
     check = check_run(tmp_path / "demo")
     assert len(check.row_ids) == 98 and len(check.reject_ids) == 2 and check.duplicates == 0
+    # a run of a few polls (under ten here) still says how busy the server was: a last reading at the end
+    (endpoint,) = json.loads((tmp_path / "demo" / "summary.json").read_text())["concurrency"]["endpoints"]
+    assert 0 < endpoint["server_busy"] <= 1, endpoint
 
 
 @pytest.mark.parametrize("prefect", [False, True], ids=["plain", "prefect"])
