@@ -228,22 +228,25 @@ def test_step_time_model_and_throughput_falling_with_batch_size() -> None:
     assert aggregate == sorted(aggregate)  # batching still pays in total
 
 
-def test_virtual_clock_sums_the_step_times() -> None:
+def two_requests_run() -> Scheduler:
+    """One prefill of two 100-token prompts (200 tokens), then 2 decode steps of 2 requests over 202
+    and 204 KV tokens."""
     s = make(pool=100000)
     s.submit(req("A", 100, 3))
     s.submit(req("B", 100, 3))
     run_all(s)
+    return s
+
+
+def test_virtual_clock_sums_the_step_times() -> None:
+    s = two_requests_run()
     p = s.params
-    # One prefill of both (200 tokens), then 2 decode steps of 2 requests over 202 and 204 KV tokens.
     expected = p.prefill_seconds(200) + p.decode_seconds(2, 202) + p.decode_seconds(2, 204)
     assert s.clock_s == pytest.approx(expected)
 
 
 def test_the_busy_counters_sum_the_step_times_as_sglang_counts_them() -> None:
-    s = make(pool=100000)
-    s.submit(req("A", 100, 3))
-    s.submit(req("B", 100, 3))
-    run_all(s)
+    s = two_requests_run()
     p = s.params
     steps = [p.decode_seconds(2, 202), p.decode_seconds(2, 204)]
     assert s.counters.prefill_busy_s == pytest.approx(p.prefill_seconds(200))
