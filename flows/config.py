@@ -154,7 +154,13 @@ class ConcurrencyConfig(_Strict):
         default=None, description="Implied: fixed when `limit` is set, adaptive otherwise."
     )
     limit: int | None = Field(default=None, gt=0, le=100_000, description="A fixed number in flight.")
-    target_kv_usage: float = Field(default=0.90, gt=0.1, le=0.99)
+    target_kv_usage: float = Field(
+        default=0.90,
+        gt=0.1,
+        le=0.99,
+        description="Adaptive: the share of the server's KV pool to fill; the token budget's projected "
+        "peak may reach 0.04 above it (never 0.99, where the law backs off).",
+    )
     initial_limit: int = Field(default=8, ge=1, le=100_000)
     min_limit: int = Field(default=1, ge=1, le=100_000)
     max_limit: int = Field(default=1024, ge=1, le=100_000)

@@ -176,6 +176,20 @@ def test_the_budget_is_a_credit_of_admissions_and_leaves_the_limit_alone() -> No
     assert decision.budget_limit == 80 + decision.queue_allowance
 
 
+def test_the_target_a_user_sets_moves_the_budget_with_it() -> None:
+    """``target_kv_usage`` is the one knob on how full the cache runs: the outlook's peak follows it
+    (the credit is what binds most of the time), and stays below where the law backs off."""
+    observation = obs(1, server(0.5, 70), 70, per_request=200.0, rate=0.0)
+    budgets = {}
+    for target in (0.80, 0.90, 0.98):
+        law = AdaptiveLimit(LawSettings(target_kv=target, initial_limit=100))
+        law._slow_start = False
+        budgets[target] = law.observe(observation).budget_tokens
+    assert budgets[0.80] == pytest.approx(0.84 * CAPACITY)
+    assert budgets[0.90] == pytest.approx(0.94 * CAPACITY)
+    assert budgets[0.98] == pytest.approx(0.98 * CAPACITY)  # capped under kv_full (0.99)
+
+
 def test_replaying_the_same_observations_gives_the_same_decisions() -> None:
     timeline = [obs(i, server(min(0.05 * i, 0.99), 8 + i, retracted=i // 7), 8 + i) for i in range(40)]
 

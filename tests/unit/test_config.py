@@ -167,6 +167,12 @@ def test_admissions_are_paced_unless_turned_off() -> None:
         parse_config(_with(concurrency={"pace_factor": 0.5}))  # slower than the turnover would starve
 
 
+def test_the_target_kv_usage_reaches_the_law_with_its_budget_peak() -> None:
+    settings = law_settings(parse_config(_with(concurrency={"target_kv_usage": 0.8})).concurrency)
+    assert settings.target_kv == 0.8
+    assert settings.peak_kv == pytest.approx(0.84)
+
+
 def test_endpoints_do_not_stream_unless_asked() -> None:
     """Non-streaming is the default: half the client CPU, and the controller needs no per-token signal."""
     cfg = parse_config(_with())
