@@ -331,12 +331,9 @@ class AdaptiveLimit:
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:
             grown = max(current + 1, math.floor(current * (2.0 if self._slow_start else s.grow)))
-            # the slow start, or a cache emptied by a shift to shorter requests: what fits at the
-            # occupancy known so far, at once (the ceiling of a back-off among other requests is stale)
-            emptied = usage is not None and usage < s.target_kv / 2
-            if (self._slow_start or emptied) and budget is not None:
+            if self._slow_start and budget is not None:  # what fits at the occupancy known so far
                 grown = max(grown, budget)
-            if grown > self._ceiling and not emptied:  # past the last back-off: probe, one request first
+            if grown > self._ceiling:  # past the last back-off: probe, one request first
                 if current < self._ceiling:
                     grown = max(current + 1, math.floor(self._ceiling))
                 elif obs.at - self._last_probe >= (min(max(life / 4, 1.0), 150.0) if life else s.probe_s):

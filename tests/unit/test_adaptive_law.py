@@ -236,24 +236,6 @@ def test_above_the_last_back_off_it_probes_each_quarter_request_life_one_request
     assert [d.limit - d.previous for d in after] == [1, 2]
 
 
-def test_a_cache_emptied_by_shorter_requests_is_refilled_to_the_budget_at_once() -> None:
-    """A back-off among long requests leaves a ceiling; when shorter ones follow and the cache falls
-    under half the target, the ceiling no longer says what fits and the budget does (measured on the
-    real SGLang at such a shift: five ticks of growth by a quarter while the credit had room for
-    three times the limit)."""
-    law = AdaptiveLimit(LawSettings(initial_limit=40))
-    law._slow_start = False
-    law.observe(obs(0, server(0.7, 40), 40, per_request=300, life=2.0))
-    cut = law.observe(obs(1, server(0.95, 40, retracted=1), 40, per_request=300, life=2.0))
-    n = cut.limit  # the ceiling; held for a request's life (2 s)
-    half = law.observe(obs(4, server(0.6, n, retracted=1), n, per_request=300, life=2.0))
-    assert half.limit == n + 1  # a cache still half full: one probe above the ceiling
-    n = half.limit
-    emptied = law.observe(obs(5, server(0.1, n, retracted=1), n, per_request=50, life=2.0))
-    assert emptied.budget_limit is not None and emptied.budget_limit > 3 * n
-    assert emptied.limit == emptied.budget_limit and emptied.reason.startswith("grow")
-
-
 def test_low_free_gpu_memory_backs_off_and_released_memory_is_a_restart() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40, min_free_vram_bytes=1 << 30))
     gib = 1 << 30
