@@ -174,17 +174,17 @@ class ConcurrencyConfig(_Strict):
     pace_admissions: bool = Field(
         default=True,
         description="After the slow start, while the answers are of about one length and long beside "
-        "their prompts (a third or more of a request's KV), refill completed "
-        "requests at most `pace_factor` times as fast as the limit turns over (and no faster than the KV "
-        "budget's steady stream), so a burst of answers that finish together is not admitted back as a "
-        "burst; false admits at once.",
+        "their prompts (a third or more of a request's KV), admit a steady stream: as fast as requests "
+        "end, averaged over a request's life, plus half the way to the aim each life (and no faster "
+        "than the KV budget's projection allows), so a burst of answers that finish together is not "
+        "admitted back as a burst; false admits at once.",
     )
     pace_factor: float = Field(
         default=1.1,
         ge=1.0,
         le=100.0,
-        description="With pacing: admissions per second as a multiple of the limit's turnover (limit / "
-        "request life). Higher spreads less and binds less when the measured life runs long.",
+        description="With pacing: the stream aims at this many times the limit (at most what the KV "
+        "budget holds with the requests' ages spread), so the limit binds and grows while there is room.",
     )
 
     @field_validator("vram")

@@ -54,16 +54,17 @@ The rules, checked in this order each tick (about once a second):
 7. Otherwise hold.
 
 Each decision also sets the lane's admission pace (``pacer.py``) while the answers are of about one
-length: after the slow start, refills of completed requests are admitted at most ``pace_factor``
-times the limit's turnover (limit / request life, or the completions per second when they run
-faster: the life average lags, and after a back-off it still holds the requests the congestion
-slowed), plus what refills the deficit below the limit within a quarter of a request's life, with a
-small bucket, and never faster than the outlook's stream rate; a raised limit's new room is granted
-at once. Without it, requests of one length admitted together finish together and each freed slot
-refilled at once keeps the burst: the KV usage swings by half the pool once per request life
-(measured on the simulator's long phase: bench/README.md). Answers of spread lengths dissolve a
-burst on their own, and pacing them only delays refills (``pace_below_spread``); so do answers short
-beside their prompts, which barely swing the cache and are prefilled in batches (``pace_above_growth``).
+length: after the slow start, admissions are a steady stream (``turnover.py``) at the rate requests
+end, averaged over a request's life, plus ``stream_gain`` of the way per life from the requests in
+flight (averaged alike) to the aim: ``pace_factor`` times the limit, at most the newcomers that,
+their ages spread evenly, hold the target KV on average (``Outlook.steady_count``). Never faster
+than the outlook's stream rate (zero while a cohort at the budget has yet to end), with a small
+bucket; a raised limit's room is filled by the stream too, not at once. Without it, requests of one
+length admitted together finish together and each freed slot refilled at once keeps the burst: the
+KV usage swings by half the pool once per request life (measured on the simulator's long phase:
+bench/README.md). Answers of spread lengths dissolve a burst on their own, and pacing them only
+delays refills (``pace_below_spread``); so do answers short beside their prompts, which barely swing
+the cache and are prefilled in batches (``pace_above_growth``).
 
 The ready-queue allowance is completions per second times the gauges' staleness (they refresh every
 ~40 decode steps), at most an eighth of what is in flight: enough queued requests to refill the
@@ -78,6 +79,7 @@ from dataclasses import dataclass, field
 
 from flows.control.outlook import Outlook
 from flows.control.signals import ServerSample
+from flows.control.turnover import Turnover
 
 
 @dataclass(frozen=True)
@@ -120,9 +122,9 @@ class LawSettings:
     """Never trust a reading that the model counts twice what the cache holds: the budget would
     double (a stale gauge right after a burst of admissions reads that low)."""
     pace_factor: float | None = 1.1
-    """Admissions are paced at this many times the limit's turnover (limit / request life): ordinary
-    completions refill at once, a burst of them is refilled over a little time (``pacer.py``). None:
-    unpaced (``pace_admissions = false``)."""
+    """Paced, the stream aims at this many times the limit (at most what the budget holds with ages
+    spread): above it, so the limit binds and grows while there is room. None: unpaced
+    (``pace_admissions = false``)."""
     pace_below_spread: float = 0.3
     """Pace only while the answers' lengths vary less than this (coefficient of variation of their
     output tokens). A burst of admissions whose lengths vary by ``cv`` spreads out on its own
@@ -143,10 +145,11 @@ class LawSettings:
     about 300 (a share near 0.2), 1,200 prompts: the law paced ran at 0.72x fixed 64, unpaced at
     0.82x (bench/README, eleventh session); the simulator's long phase (answers of 4,096 tokens:
     0.83-1.0 of a request's KV) is paced as before."""
-    pace_catch_up: float = 0.25
-    """A deficit below the limit (a burst of completions) is refilled over at most this share of a
-    request's life, on top of the turnover: paced at the turnover alone it is never made up
-    (Little's law: in flight settles at pace x life), and the measured life lags behind the real one."""
+    stream_gain: float = 0.5
+    """Paced, each request life the stream closes this share of the gap between the requests in
+    flight and its aim (``turnover.py``): a deficit is made up over about two lives, so the dip a
+    burst of ends leaves is not refilled as a new burst, and the measured life, which lags the real
+    one, does not set where in flight settles."""
     pace_burst_share: float = 0.0625
     """The pacer's bucket: this share of the limit (at least 2) may be admitted at once."""
 
@@ -230,6 +233,8 @@ class AdaptiveLimit:
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
     _was_down: bool = False
     _last_free_vram: int | None = None
+    _turnover: Turnover = field(default_factory=Turnover)
+    """Completions and requests in flight averaged over a life: the pace of answers of one length."""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -245,6 +250,7 @@ class AdaptiveLimit:
         restarted = self._restarted(obs)
         retractions = self._retractions(server)
         self._learn_occupancy(obs)
+        self._turnover.add(obs.at, obs.completions_per_s, obs.in_flight, obs.request_life_s)
         allowance = self._queue_allowance(obs)
         budget_tokens = self._budget_tokens(obs)
         budget = credit = None
@@ -294,6 +300,7 @@ class AdaptiveLimit:
             self._hold_until = obs.at + s.hold_s
             self._ceiling, self._probe_step = math.inf, 1
             self._slow_start = True
+            self._turnover = Turnover()
             return min(current, s.initial_limit), "restart detected: cautious start"
         usage = server.kv_usage if server else None
         if usage is not None and usage >= s.target_kv / 2:
@@ -386,17 +393,16 @@ class AdaptiveLimit:
         return came_back or counter_back or resized
 
     def _pace(self, obs: Observation, budget_tokens: float | None) -> tuple[float | None, float]:
-        """Admissions per second and bucket size: ``pace_factor`` x limit / the measured request life,
-        and never faster than the outlook's stream rate.
+        """Admissions per second and bucket size: the steady stream of ``turnover.py`` towards the
+        aim (``pace_factor`` x limit, at most ``Outlook.steady_count`` at the target KV), and never
+        faster than the outlook's stream rate.
 
         None during the slow start, while the endpoint is down, before any answer came back,
         while the answers' lengths vary by ``pace_below_spread`` or more, and while they make less
-        than ``pace_above_growth`` of a request's KV. The
-        life is the client's own measure of how long answered requests held their slot: the first
-        answers are the short ones, so early on it errs towards a faster pace, never a stall. The
-        stream rate (``Outlook.stream_rate``) is what the cache holds with ages spread: admitted
-        faster, requests pile up until the credit stops admissions, and the cohort they form ends
-        together and opens the room at once, so the cache swings by half the pool once per life.
+        than ``pace_above_growth`` of a request's KV. The life is the client's own measure of how
+        long answered requests held their slot. The stream rate (``Outlook.stream_rate``) bounds the
+        pace while a cohort in flight is yet to reach its peak: admitted faster, the newcomers would
+        meet it there.
         """
         s = self.settings
         burst = max(2.0, self._limit * s.pace_burst_share)
@@ -408,14 +414,12 @@ class AdaptiveLimit:
         outlook = obs.outlook
         if outlook is not None and outlook.growth_share() < s.pace_above_growth:
             return None, burst  # a burst of short answers barely swings the cache: batched prefills pay
-        turnover = s.pace_factor * max(self._limit / life, obs.completions_per_s)
-        pace = turnover + max(self._limit - obs.in_flight, 0) / (s.pace_catch_up * life)
-        stream = (
-            None if budget_tokens is None or obs.outlook is None else obs.outlook.stream_rate(budget_tokens)
-        )
-        if stream is not None:
-            pace = min(pace, stream)
-        return pace, burst
+        aim = s.pace_factor * self._limit
+        if budget_tokens is not None and outlook is not None:
+            aim = min(aim, outlook.steady_count(budget_tokens * s.target_kv / s.peak_kv))
+        pace = self._turnover.pace(aim, life, s.stream_gain)
+        stream = None if budget_tokens is None or outlook is None else outlook.stream_rate(budget_tokens)
+        return (pace if stream is None else min(pace, stream)), burst
 
     def _learn_occupancy(self, obs: Observation) -> None:
         """KV tokens used per modelled token of the requests running (a moving average): what the

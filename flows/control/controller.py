@@ -100,7 +100,6 @@ class EndpointController:
         )
         decision = self.law.observe(observation)
         self.lane.pacer.set(decision.pace_per_s, decision.pace_burst, time.monotonic())
-        self.lane.pacer.grant(decision.limit - decision.previous)
         self.lane.set_credit(decision.credit)
         self.lane.budget_tokens = decision.budget_tokens
         self.last, self.last_sample = decision, sample

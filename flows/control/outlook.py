@@ -72,6 +72,11 @@ class Outlook:
         """The newcomers that may be admitted now: ``room``, whole, never negative."""
         return max(math.floor(self.room(budget_tokens)), 0)
 
+    def steady_count(self, budget_tokens: float) -> float:
+        """How many newcomers hold ``budget_tokens`` on average with their ages spread evenly over
+        their life: each holds its prompt and, on average, half its answer."""
+        return budget_tokens / max(self.newcomer_prompt + self.newcomer_output / 2, 1e-9)
+
     def stream_rate(self, budget_tokens: float) -> float | None:
         """Admissions per second that, kept up for a newcomer's whole life, keep the projection under
         ``budget_tokens`` all the while (None before any answer: no decode rate, no life).

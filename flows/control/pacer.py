@@ -4,8 +4,8 @@ Why: when every answer runs to the same length, requests admitted together finis
 every freed slot refilled at once keeps a burst a burst for the rest of the run. KV usage then swings
 once per request life (from about half full to full), every peak is a back-off, and the number in
 flight that keeps the peaks under full leaves the cache a quarter empty on average. Admitting at
-most ``rate_per_s`` (a little above the completion rate) with a small ``burst`` lets ordinary
-completions refill at once but spreads a burst's refills, so ages drift apart over a few lives.
+most ``rate_per_s`` (the law's steady stream: the rate requests end, averaged over a life,
+``turnover.py``) with a small ``burst`` spreads a burst's refills over a life, so ages spread.
 
 The bucket caps what a quiet spell earns, not what a waiter was owed. A waiter told to come back
 at ``due`` may be woken late: an event loop busy writing a shard, or a client core shared with other
@@ -35,21 +35,14 @@ class Pacer:
     """When a waiter was told the next admission is allowed (None: nobody waits for this bucket)."""
 
     def set(self, rate_per_s: float | None, burst: float, now: float) -> None:
-        """A new rate and bucket size; the tokens earned so far are kept (a grant above the bucket
-        included: it is spent, never trimmed)."""
+        """A new rate and bucket size; the tokens earned so far are kept (those owed to a late waiter
+        above the bucket included: they are spent, never trimmed)."""
         self._refill(now)
         if self.rate_per_s is None and rate_per_s is not None:
             self._tokens = burst  # pacing starts with a full bucket: nothing waits at the switch
         if rate_per_s is None:
             self._due = None
         self.rate_per_s, self.burst = rate_per_s, max(burst, 1.0)
-
-    def grant(self, admissions: int) -> None:
-        """Let ``admissions`` more through at once, beyond the bucket: a raised limit's new room is
-        filled now (growth is the law's decision, and already bounded by it); only refills of
-        completed requests are paced."""
-        if self.rate_per_s is not None and admissions > 0:
-            self._tokens = max(self._tokens, 0.0) + admissions
 
     def wait_s(self, now: float) -> float:
         """Seconds until one admission is allowed (0: now); a positive answer is a promise to the
@@ -82,6 +75,6 @@ class Pacer:
         if self._at is not None and self.rate_per_s is not None:
             late_from = now if self._due is None else min(max(self._due, self._at), now)
             earned = self._tokens + (late_from - self._at) * self.rate_per_s
-            self._tokens = max(self._tokens, min(self.burst, earned))  # a grant above the bucket stays
+            self._tokens = max(self._tokens, min(self.burst, earned))  # owed above the bucket: stays
             self._tokens += (now - late_from) * self.rate_per_s  # owed to a late waiter: not capped
         self._at = now

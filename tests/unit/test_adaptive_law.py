@@ -262,42 +262,55 @@ def test_one_back_off_per_event_while_the_requests_above_the_limit_drain() -> No
     assert law.observe(obs(4, server(0.99, 45, retracted=8), 45, per_request=100)).limit == 33
 
 
-def test_admissions_are_unpaced_in_the_slow_start_and_paced_at_the_limits_turnover_after() -> None:
+def paced_law(settings: LawSettings | None = None) -> AdaptiveLimit:
+    """A law past its slow start (a full cache ended it), whose averages start at the next tick."""
+    law = AdaptiveLimit(settings or LawSettings(initial_limit=40, pace_factor=1.1))
+    law.observe(obs(1, server(0.999, 40), 40))  # no life known yet: nothing averaged
+    return law
+
+
+def test_admissions_are_unpaced_in_the_slow_start_and_a_steady_stream_after() -> None:
     settings = LawSettings(initial_limit=40, pace_factor=1.1)
-    law = AdaptiveLimit(settings)
-    first = law.observe(replace(obs(0, server(0.3, 40), 40), request_life_s=10.0))
+    first = AdaptiveLimit(settings).observe(obs(0, server(0.3, 40), 40, life=10.0))
     assert first.pace_per_s is None  # slow start: nothing to spread yet
-    law.observe(obs(1, server(0.999, 40), 40))  # a full cache ends the slow start
+    law = paced_law(settings)
     limit = law.limit
-    last = law.observe(replace(obs(2, server(0.7, limit), limit), request_life_s=10.0))
-    # requests hold their slot 10 s: the limit turns over limit / 10 s, admissions may run 10 % faster
-    assert last.pace_per_s == pytest.approx(1.1 * last.limit / 10.0)
+    last = law.observe(obs(2, server(0.7, limit), limit, rate=3.0, life=10.0))
+    # requests end 3 a second, so 3 a second keep in flight level; the aim is 1.1 x the limit (the
+    # budget holds more), and half the way there is made up over a life of 10 s
+    assert last.pace_per_s == pytest.approx(3.0 + 0.5 * (1.1 * limit - limit) / 10.0)
     assert last.pace_burst == max(2.0, last.limit * settings.pace_burst_share)
     assert last.request_life_s == 10.0  # recorded, so a replay paces the same
 
 
-def test_the_pace_keeps_up_with_completions_when_the_measured_life_runs_long() -> None:
-    """After a back-off the life average still holds the requests slowed by the congestion (16 s),
-    while answers come back at 7 a second: paced at limit / life the lane would refill at 2.3 a
-    second and starve the server with prompts waiting (the real SGLang: 15-26 in flight of 34, the
-    cache a third full, for 15 s)."""
-    law = AdaptiveLimit(LawSettings(initial_limit=40, pace_factor=1.1))
-    law.observe(obs(0, server(0.999, 40), 40))  # a full cache ends the slow start
+def test_a_burst_of_ends_is_refilled_over_a_life_not_at_once() -> None:
+    """Answers of one length admitted together end together: refilled as fast as that tick's ends, a
+    cohort of 28 would come back as a cohort of 28 (the simulator's long phase: in flight swinging
+    between 27 and 50 once a life)."""
+    law = paced_law()
     limit = law.limit
-    decision = law.observe(obs(1, server(0.4, limit), limit, rate=7.0, life=16.0))
-    assert decision.pace_per_s == pytest.approx(1.1 * 7.0)
-    calm = law.observe(obs(2, server(0.4, limit), limit, rate=1.0, life=16.0))
-    assert calm.pace_per_s == pytest.approx(1.1 * limit / 16.0)  # the limit's turnover, at least
+    law.observe(obs(2, server(0.8, limit), limit, rate=6.0, life=10.0))
+    burst = law.observe(obs(3, server(0.4, limit - 28), limit - 28, rate=34.0, life=10.0))
+    ends, in_flight = 6.0 + 28.0 / 10.0, limit - 2.8  # each averaged over a tenth of a life
+    assert burst.pace_per_s == pytest.approx(ends + 0.5 * (1.1 * limit - in_flight) / 10.0)
+    assert burst.pace_per_s is not None and burst.pace_per_s < 34.0 / 3
 
 
-def test_a_deficit_below_the_limit_is_refilled_within_a_quarter_life() -> None:
-    """Paced at the turnover alone, in flight settles at pace x life: a burst of completions that
-    left the lane 20 below its limit would never be made up while prompts wait."""
-    law = AdaptiveLimit(LawSettings(initial_limit=40, pace_factor=1.1, pace_catch_up=0.25))
-    law.observe(obs(0, server(0.999, 40), 40))  # a full cache ends the slow start
-    limit = law.limit
-    decision = law.observe(obs(1, server(0.1, limit - 20), limit - 20, rate=4.0, life=8.0))
-    assert decision.pace_per_s == pytest.approx(1.1 * limit / 8.0 + 20 / 2.0)  # 20 over a quarter of 8 s
+def test_the_stream_aims_at_what_the_budget_holds_with_ages_spread() -> None:
+    """Long answers: the limit allows more than fit. The stream aims at the newcomers that, their ages
+    spread over a life, hold the target KV on average: each holds its prompt and half its answer."""
+    law = paced_law()
+    few = 5
+    outlook = Outlook(few * 100.0, (few * 100.0,), 0.0, 2000.0, tokens_per_s=1000.0)
+    observed = Observation(
+        2, server(few * 100.0 / CAPACITY, few), few, 20, outlook, 1.0, request_life_s=4.0, output_spread=0.0
+    )
+    decision = law.observe(observed)
+    settings = law.settings
+    assert decision.budget_tokens is not None
+    aim = decision.budget_tokens * settings.target_kv / settings.peak_kv / 1000.0
+    assert aim < settings.pace_factor * law.limit  # the budget binds, not the limit
+    assert decision.pace_per_s == pytest.approx(1.0 + 0.5 * (aim - few) / 4.0)
 
 
 def test_no_pacing_while_the_endpoint_is_down_or_before_any_answer() -> None:
@@ -357,7 +370,7 @@ def test_admissions_are_paced_at_the_stream_that_the_outlook_allows() -> None:
                 1, server(usage, count), count, 30, outlook, 2.0, request_life_s=1.0, output_spread=0.0
             )
         )
-        return decision.pace_per_s  # (a life measured at 1 s keeps the turnover's pace, 44 a second, above)
+        return decision.pace_per_s  # (a life measured at 1 s keeps the steady stream's aim / life above it)
 
     assert pace(46, 0.0) == 0.0  # 46 x 350 = 16,100 tokens in 3 s, over 97 % of the pool
     ending = pace(40, 2.99)

@@ -102,6 +102,16 @@ def test_a_stream_waits_for_a_cohort_at_the_budget_then_refills_over_a_life() ->
     assert rate is not None and rate == pytest.approx(12_000 / (10 * 600), rel=0.05)
 
 
+def test_the_steady_count_is_what_requests_with_spread_ages_hold_on_average() -> None:
+    """200 requests of 100 + 1,000 tokens, their ages spread over a life, hold 120,000 tokens: each
+    its prompt and half its answer on average."""
+    spread = [Flight(100.0, 1000.0, 4096, age_s=(i + 0.5) * 0.05) for i in range(200)]
+    outlook = project(spread, 100.0)
+    assert outlook is not None
+    assert outlook.steady_count(outlook.now_tokens) == pytest.approx(200.0)
+    assert outlook.steady_count(60_000.0) == pytest.approx(100.0)
+
+
 def test_no_stream_rate_before_any_answer() -> None:
     outlook = project(flights(10, age_s=3.0), None)
     assert outlook is not None and outlook.stream_rate(22_000) is None

@@ -55,26 +55,6 @@ def test_switching_pacing_off_and_on() -> None:
     assert pacer.wait_s(0.0) == 0.0  # pacing resumes with a full bucket: nothing waits at the switch
 
 
-def test_a_grant_admits_a_raised_limits_room_at_once_and_refills_stay_paced() -> None:
-    pacer = Pacer()
-    pacer.set(1.0, burst=2.0, now=0.0)
-    pacer.take(0.0)
-    pacer.take(0.0)
-    pacer.grant(5)
-    for _ in range(5):
-        assert pacer.wait_s(0.1) == 0.0  # the grant stands above the bucket, and time does not cap it
-        pacer.take(0.1)
-    assert pacer.wait_s(0.1) > 0.0
-
-
-def test_no_grant_while_unpaced() -> None:
-    pacer = Pacer()
-    pacer.grant(5)
-    pacer.set(1.0, burst=1.0, now=0.0)
-    pacer.take(0.0)
-    assert pacer.wait_s(0.0) == pytest.approx(1.0)  # the unpaced grant was not banked
-
-
 def test_a_waiter_woken_late_gets_what_it_was_owed() -> None:
     """A 70 ms timer woken a second late (a busy loop, a shared core) must not cost the second's
     admissions: the rate holds on average, whatever the bucket."""

@@ -1,0 +1,61 @@
+"""The steady stream for answers of one length: the rate of ends averaged over a life, nudged to the aim."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.control.pacer import Pacer
+from flows.control.turnover import Turnover
+
+
+def test_before_any_answer_nothing_is_averaged_and_the_pace_turns_the_aim_over_once_a_life() -> None:
+    turnover = Turnover()
+    turnover.add(0.0, 9.0, 30, None)
+    turnover.add(1.0, 9.0, 30, None)  # no life yet: nothing to average over
+    assert turnover.ends_per_s is None and turnover.in_flight is None
+    assert turnover.pace(aim=40.0, life_s=8.0, gain=0.5) == pytest.approx(40.0 / 8.0)
+
+
+def test_each_reading_weighs_by_the_share_of_a_life_it_covers() -> None:
+    turnover = Turnover()
+    turnover.add(0.0, 6.0, 40, 7.0)  # the first tick only starts the clock
+    turnover.add(1.0, 6.0, 40, 7.0)  # the averages start from the first reading after it
+    assert (turnover.ends_per_s, turnover.in_flight) == (6.0, 40.0)
+    turnover.add(2.0, 34.0, 12, 7.0)  # a cohort of 28 ended within that second
+    assert turnover.ends_per_s == pytest.approx(6.0 + 28.0 / 7.0)  # a seventh of the burst, not 34 a second
+    assert turnover.in_flight == pytest.approx(40.0 - 28.0 / 7.0)
+    turnover.add(100.0, 5.0, 20, 7.0)  # a reading after a long pause replaces the averages, no more
+    assert (turnover.ends_per_s, turnover.in_flight) == (5.0, 20.0)
+
+
+def test_the_pace_keeps_in_flight_level_at_the_aim_and_closes_a_share_of_a_gap_each_life() -> None:
+    turnover = Turnover(ends_per_s=6.0, in_flight=40.0, _at=0.0)
+    assert turnover.pace(aim=40.0, life_s=7.0, gain=0.5) == pytest.approx(6.0)
+    below = Turnover(ends_per_s=6.0, in_flight=30.0, _at=0.0)
+    assert below.pace(aim=40.0, life_s=7.0, gain=0.5) == pytest.approx(6.0 + 0.5 * 10.0 / 7.0)
+    above = Turnover(ends_per_s=1.0, in_flight=60.0, _at=0.0)
+    assert above.pace(aim=40.0, life_s=7.0, gain=0.5) == 0.0  # never negative
+
+
+def test_a_cohorts_refills_come_as_a_stream_and_in_flight_settles_at_the_aim() -> None:
+    """Forty requests of one length admitted together end together. Refilled at the tick's rate of
+    ends they would form the next cohort; at the averaged rate the refills spread over a life, the
+    ends after it come one or two a tick, and in flight climbs to the aim over a few lives."""
+    life, tick, aim = 5.0, 0.25, 40
+    ends = [life] * aim
+    turnover, pacer = Turnover(), Pacer()
+    trace: list[tuple[float, int, int]] = []
+    now = 0.0
+    while now < 40.0:
+        now += tick
+        ended = [end for end in ends if end <= now]
+        ends = [end for end in ends if end > now]
+        turnover.add(now, len(ended) / tick, len(ends), life)
+        pacer.set(turnover.pace(aim, life, 0.5), 2.0, now)
+        while len(ends) < aim and pacer.wait_s(now) == 0.0:
+            pacer.take(now)
+            ends.append(now + life)
+        trace.append((now, len(ends), len(ended)))
+    after_the_cohort = [(at, count, ended) for at, count, ended in trace if at > life + tick]
+    assert max(ended for _, _, ended in after_the_cohort) <= 2
+    assert min(count for at, count, _ in after_the_cohort if at > 30.0) >= 0.9 * aim
