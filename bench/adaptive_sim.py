@@ -10,6 +10,10 @@ planned when a request arrives, so the requests already in flight at the switch 
 the prompts many times the largest setting.) The seeds' hand-picked
 150 is the named baseline. Per phase, the table compares each setting's output tok/s (the server's
 own token counter) with the best fixed setting of that phase (an oracle that knows the phases).
+"Steady" is the long phase without its edges: from the end of the last request the server had
+received before the switch (a setting with a deep queue still answers short ones well into the
+long phase, where the cache holds more of them) to the arrival of the last prompt (then every
+setting drains): what a run of hours spends its time in.
 Settings are interleaved and repeated; medians are shown. The client runs pinned to core 1 with a
 nice-19 spinner there in every setting alike.
 """
@@ -43,6 +47,10 @@ MAX_TOKENS = 4096
 class PhaseOutcome:
     short_tok_s: float
     long_tok_s: float
+    steady_tok_s: float
+    """The long phase without its edges: from the end of the last request the server had received
+    before the switch (a deep queue holds short answers well into the long phase) to the arrival of
+    the last prompt (then the run drains)."""
     peak_queue: int
     retractions: int
     seconds: float
@@ -51,22 +59,39 @@ class PhaseOutcome:
 class PhaseDriver(threading.Thread):
     """Switches the simulator to long answers once a third of the prompts are done; watches the queue."""
 
-    def __init__(self, sim: SimulatorProcess, switch_after: int) -> None:
+    def __init__(self, sim: SimulatorProcess, switch_after: int, total: int) -> None:
         super().__init__(daemon=True)
-        self.sim, self.switch_after = sim, switch_after
+        self.sim, self.switch_after, self.total = sim, switch_after, total
         self.stop = threading.Event()
         self.switched_at: float | None = None
         self.tokens_at_switch = 0
         self.peak_queue = 0
+        self.received_at_switch = 0
+        self.steady: list[tuple[float, int]] = []
+        """(when, generated tokens) at the steady window's start and end."""
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
             stats = self.sim.stats()
+            now = time.monotonic()
             self.peak_queue = max(self.peak_queue, stats["queued"])
             if self.switched_at is None and stats["finished_requests"] >= self.switch_after:
                 self.sim.set_answers(stop_probability=0.0)
-                self.switched_at = time.monotonic()
+                self.switched_at = now
                 self.tokens_at_switch = stats["generated_tokens"]
+                self.received_at_switch = stats["requests_received"]
+            elif self.switched_at is not None and (
+                (not self.steady and stats["finished_requests"] >= self.received_at_switch)
+                or (len(self.steady) == 1 and stats["requests_received"] >= self.total)
+            ):
+                self.steady.append((now, stats["generated_tokens"]))
+
+    def steady_tok_s(self) -> float:
+        """Output tok/s over the steady window (0 where the run never had one)."""
+        if len(self.steady) < 2:
+            return 0.0
+        (start, first), (end, last) = self.steady
+        return (last - first) / max(end - start, 1e-9)
 
 
 def one_run(
@@ -76,7 +101,7 @@ def one_run(
     with SimulatorProcess(sim_cfg) as sim:
         config, run_dir = runs_dir / f"{name}.toml", runs_dir / name
         write_config(config, sim.url, run_dir, [("mix", prompts, MAX_TOKENS)], setting, poll_s=0.25)
-        driver = PhaseDriver(sim, count // 3)
+        driver = PhaseDriver(sim, count // 3, count)
         driver.start()
         started = time.monotonic()
         subprocess.run(
@@ -93,6 +118,7 @@ def one_run(
     return PhaseOutcome(
         short_tok_s=driver.tokens_at_switch / max(switch - started, 1e-9),
         long_tok_s=(stats["generated_tokens"] - driver.tokens_at_switch) / max(ended - switch, 1e-9),
+        steady_tok_s=driver.steady_tok_s(),
         peak_queue=driver.peak_queue,
         retractions=stats["retracted_requests"],
         seconds=ended - started,
@@ -144,8 +170,8 @@ def main() -> None:
                 results[setting].append(outcome)
                 console.print(
                     f"repeat {repeat + 1} {setting:>8}: short {outcome.short_tok_s:8.0f} tok/s, long "
-                    f"{outcome.long_tok_s:8.0f} tok/s, peak queue {outcome.peak_queue}, "
-                    f"retractions {outcome.retractions}, {outcome.seconds:.1f} s"
+                    f"{outcome.long_tok_s:8.0f} tok/s (steady {outcome.steady_tok_s:.0f}), peak queue "
+                    f"{outcome.peak_queue}, retractions {outcome.retractions}, {outcome.seconds:.1f} s"
                 )
     print_table(results, args)
 
@@ -155,29 +181,30 @@ def print_table(results: dict[str, list[PhaseOutcome]], args: argparse.Namespace
         return statistics.median(getattr(o, attr) for o in results[setting])
 
     fixed = [s for s in results if s.isdigit()] or list(results)  # no fixed: ratios to itself
-    oracle = {phase: max(med(s, phase) for s in fixed) for phase in ("short_tok_s", "long_tok_s")}
+    phases = ("short_tok_s", "long_tok_s", "steady_tok_s")
+    oracle = {phase: max(max(med(s, phase) for s in fixed), 1e-9) for phase in phases}
     table = Table(
         title=f"simulator, KV {SEEDS_KV:,} tokens, {args.prompts} prompts, max_tokens {MAX_TOKENS}, "
         f"short -> long answers after a third; medians of {args.repeats}"
     )
-    for column in ("setting", "short tok/s", "vs oracle", "long tok/s", "vs oracle", "peak queue", "retr."):
+    columns = ("short tok/s", "vs oracle", "long tok/s", "vs oracle", "steady tok/s", "vs oracle")
+    for column in ("setting", *columns, "peak queue", "retr."):
         table.add_column(column, justify="left" if column == "setting" else "right")
     for setting in results:
         name = f"{setting} (seeds)" if setting == "150" else setting
+        rates = [(f"{med(setting, p):,.0f}", f"{med(setting, p) / oracle[p]:.2f}x") for p in phases]
         table.add_row(
             name,
-            f"{med(setting, 'short_tok_s'):,.0f}",
-            f"{med(setting, 'short_tok_s') / oracle['short_tok_s']:.2f}x",
-            f"{med(setting, 'long_tok_s'):,.0f}",
-            f"{med(setting, 'long_tok_s') / oracle['long_tok_s']:.2f}x",
+            *(cell for pair in rates for cell in pair),
             f"{med(setting, 'peak_queue'):.0f}",
             f"{med(setting, 'retractions'):.0f}",
         )
     console.print(table)
     for setting in [s for s in results if s.startswith("adaptive")]:
-        short = med(setting, "short_tok_s") / oracle["short_tok_s"]
-        long = med(setting, "long_tok_s") / oracle["long_tok_s"]
-        console.print(f"{setting} / per-phase oracle: short {short:.2f}x, long {long:.2f}x")
+        short, long, steady = (med(setting, p) / oracle[p] for p in phases)
+        console.print(
+            f"{setting} / per-phase oracle: short {short:.2f}x, long {long:.2f}x (steady {steady:.2f}x)"
+        )
 
 
 if __name__ == "__main__":
