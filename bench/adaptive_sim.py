@@ -67,30 +67,33 @@ class PhaseDriver(threading.Thread):
         self.tokens_at_switch = 0
         self.peak_queue = 0
         self.received_at_switch = 0
-        self.steady: list[tuple[float, int]] = []
-        """(when, generated tokens) at the steady window's start and end."""
+        self.steady_start: tuple[float, int] | None = None
+        """(when, generated tokens) once every request received before the switch has ended."""
+        self.steady_end: tuple[float, int] | None = None
+        """(when, generated tokens) once the last prompt has arrived."""
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
             stats = self.sim.stats()
             now = time.monotonic()
             self.peak_queue = max(self.peak_queue, stats["queued"])
-            if self.switched_at is None and stats["finished_requests"] >= self.switch_after:
-                self.sim.set_answers(stop_probability=0.0)
-                self.switched_at = now
-                self.tokens_at_switch = stats["generated_tokens"]
-                self.received_at_switch = stats["requests_received"]
-            elif self.switched_at is not None and (
-                (not self.steady and stats["finished_requests"] >= self.received_at_switch)
-                or (len(self.steady) == 1 and stats["requests_received"] >= self.total)
-            ):
-                self.steady.append((now, stats["generated_tokens"]))
+            if self.switched_at is None:
+                if stats["finished_requests"] >= self.switch_after:
+                    self.sim.set_answers(stop_probability=0.0)
+                    self.switched_at = now
+                    self.tokens_at_switch = stats["generated_tokens"]
+                    self.received_at_switch = stats["requests_received"]
+                continue
+            if self.steady_start is None and stats["finished_requests"] >= self.received_at_switch:
+                self.steady_start = (now, stats["generated_tokens"])
+            elif self.steady_end is None and stats["requests_received"] >= self.total:
+                self.steady_end = (now, stats["generated_tokens"])
 
     def steady_tok_s(self) -> float:
         """Output tok/s over the steady window (0 where the run never had one)."""
-        if len(self.steady) < 2:
+        if self.steady_start is None or self.steady_end is None:
             return 0.0
-        (start, first), (end, last) = self.steady
+        (start, first), (end, last) = self.steady_start, self.steady_end
         return (last - first) / max(end - start, 1e-9)
 
 

@@ -414,11 +414,11 @@ class AdaptiveLimit:
         outlook = obs.outlook
         if outlook is not None and outlook.growth_share() < s.pace_above_growth:
             return None, burst  # a burst of short answers barely swings the cache: batched prefills pay
-        aim = s.pace_factor * self._limit
+        aim, stream = s.pace_factor * self._limit, None
         if budget_tokens is not None and outlook is not None:
             aim = min(aim, outlook.steady_count(budget_tokens * s.target_kv / s.peak_kv))
+            stream = outlook.stream_rate(budget_tokens)  # 0 against a cohort at the budget
         pace = self._turnover.pace(aim, life, s.stream_gain)
-        stream = None if budget_tokens is None or outlook is None else outlook.stream_rate(budget_tokens)
         return (pace if stream is None else min(pace, stream)), burst
 
     def _learn_occupancy(self, obs: Observation) -> None:
