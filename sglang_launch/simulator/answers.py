@@ -193,6 +193,7 @@ class AnswerSettings:
     """The model's behaviour knobs (from SimConfig)."""
 
     stop_probability: float = 0.1
+    stop_length_mean: float | None = None
     reasoning: bool = False
     reasoning_fraction: float = 0.5
     tool_calls: bool = False
@@ -334,21 +335,27 @@ def plan_answer(req: AnswerRequest, settings: AnswerSettings) -> AnswerPlan:
     A tool call (when tools are offered and the knob is on) follows an optional reasoning part and
     ends with ``tool_calls``; it is dropped if it would not fit ``max_new_tokens``. Otherwise the
     answer stops early (EOS) with ``stop_probability`` unless ``ignore_eos``, else runs to
-    ``max_new_tokens`` and ends with ``length``; reasoning takes ``reasoning_fraction`` of it.
+    ``max_new_tokens`` and ends with ``length``; reasoning takes ``reasoning_fraction`` of it. An
+    early stop is at a uniform point, or at an exponential length of ``stop_length_mean`` (one
+    past ``max_new_tokens`` runs to it).
     """
     seed = _request_seed(settings, req)
     rng = random.Random(seed)
     max_new = req.max_new_tokens
     thinking = settings.reasoning and req.thinking
     function = _choose_tool(req, settings, rng)
-    stop_draw, stop_at = rng.random(), rng.randint(1, max(1, max_new - 1))
+    stop_draw = rng.random()
+    if settings.stop_length_mean is None:
+        stop_at = rng.randint(1, max(1, max_new - 1))
+    else:
+        stop_at = 1 + int(rng.expovariate(1.0 / settings.stop_length_mean))
     reasoning_budget = int(max_new * settings.reasoning_fraction) if thinking else 0
     if function is not None:
         tool = _plan_tool_call(function, rng)
         reasoning = rng.randint(min(1, reasoning_budget), reasoning_budget)
         if reasoning + tool.tokens <= max_new:
             return AnswerPlan(reasoning, 0, tool, "tool_calls", req.separate_reasoning, seed + 1)
-    if not req.ignore_eos and max_new > 1 and stop_draw < settings.stop_probability:
+    if not req.ignore_eos and max_new > stop_at and stop_draw < settings.stop_probability:
         output, finish = stop_at, "stop"
     else:
         output, finish = max_new, "length"

@@ -47,6 +47,8 @@ def _option(name: str, field: FieldInfo) -> click.Option:
         return click.Option([flag, name], type=_OptionalInt(), default=None, help=help_text)
     if kind == str | None:
         return click.Option([flag, name], type=str, default=None, help=help_text)
+    if kind == float | None:  # unset: the default (None)
+        return click.Option([flag, name], type=float, default=None, help=help_text)
     return click.Option([flag, name], type=kind, default=None, help=help_text)
 
 

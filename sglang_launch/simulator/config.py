@@ -108,6 +108,13 @@ class SimConfig(BaseModel):
     stop_probability: float = Field(
         default=0.1, ge=0.0, le=1.0, description="share of answers that stop before max_tokens"
     )
+    stop_length_mean: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="an answer that stops does so at an exponential length of this mean (a long tail, "
+        "as reasoning chains have; past max_tokens it runs to the cap); unset: at a uniform point below "
+        "max_tokens",
+    )
     reasoning: bool = Field(
         default=False, description="emit reasoning_content first (as with --reasoning-parser)"
     )

@@ -93,6 +93,21 @@ def test_about_the_configured_share_of_answers_stop_early() -> None:
     assert 70 <= stops <= 130  # stop_probability 0.1, seeded
 
 
+def test_answers_may_stop_at_an_exponential_length_a_long_tail_past_the_cap_runs_to_it() -> None:
+    """Reasoning chains: most end short, a few run ten times as long; one longer than the cap runs to it."""
+    tail = AnswerSettings(stop_probability=1.0, stop_length_mean=500.0)
+    questions = [[{"role": "user", "content": f"question {i}"}] for i in range(2000)]
+    plans = [plan(4096, tail, messages) for messages in questions]
+    stopped = [p.output_tokens for p in plans if p.finish_reason == "stop"]
+    assert 470 < sum(stopped) / len(stopped) < 530
+    assert sum(n > 1500 for n in stopped) / len(plans) == pytest.approx(math.exp(-3), abs=0.015)
+    capped = [
+        p for p in (plan(1000, tail, messages) for messages in questions) if p.finish_reason == "length"
+    ]
+    assert len(capped) / len(questions) == pytest.approx(math.exp(-2), abs=0.03)
+    assert {p.output_tokens for p in capped} == {1000}
+
+
 def test_reasoning_comes_first_and_counts_in_the_completion() -> None:
     p = plan(100, AnswerSettings(stop_probability=0.0, reasoning=True, reasoning_fraction=0.3))
     assert (p.reasoning_tokens, p.content_tokens, p.output_tokens) == (30, 70, 100)

@@ -51,6 +51,7 @@ def test_cli_flags_map_onto_the_config() -> None:
         0.2,
     )
     assert config_from_args(["--max-queued-requests", "none"]).max_queued_requests is None
+    assert config_from_args(["--stop-length-mean", "1500"]).stop_length_mean == 1500.0
     assert config_from_args([]) == SimConfig()
 
 
