@@ -2,47 +2,66 @@
 
 A request holds its prompt plus its output in the KV cache by the time it ends. The prompt's token
 count is estimated from its characters (the ratio learned from the server's usage reports, starting
-at 4 characters a token); the output from the category's completions so far, blended with its
-``max_tokens`` as a prior worth ``PRIOR_ANSWERS`` answers. The prior matters: the first answers to
-come back are the shortest ones (a long answer is still running), so their mean alone would
-project far too little and open the budget wide at the start of a run.
+at 4 characters a token); the output from the lengths of the category's answers so far
+(``lengths.py``), each weighing ``1 - ALPHA`` less per newer answer, after ``PRIOR_ANSWERS`` answers
+at ``max_tokens`` that fade by ``PRIOR_DECAY`` per answer. The prior matters: the first answers
+to come back are the shortest ones (a long answer is still running), so their lengths alone would
+project far too little and open the budget wide at the start of a run. It must also fade: a prior
+held at 20 / (answers + 20), as the mean once had it, still put 6 % of the answers at ``max_tokens``
+after 300, and for a request that had already run long that was a fifth of its chances of running on
+(the projection of answers of spread lengths ran 4-13 % above what came, offline).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+from flows.control.lengths import AnswerLengths
 
 CHARS_PER_TOKEN = 4.0
 ALPHA = 0.05
-"""EWMA weight of one completion: about the last 20-40 answers of a category count."""
+"""Weight of the newest answer against the rest: about the last 20-40 answers of a category count."""
 PRIOR_ANSWERS = 20
+PRIOR_DECAY = 0.98
+"""The prior fades by this much per answer: over the first 50 answers (the first requests' answers,
+the short ones first) it weighs about what 20 / (answers + 20) did, then it is gone (1.7 % after
+200, 0.03 % after 400). Faded as fast as the answers' own weights (0.95), it left the first
+requests' young ones to end early: twice the retractions in the first 10 s of a run on the real
+SGLang (bench/README.md, fifteenth session)."""
+RECENT_ANSWERS = 128
+"""Answers kept for the lengths' distribution: at ``ALPHA`` the oldest weighs 0.1 % of the newest."""
 
 
 @dataclass
 class CategoryDemand:
     max_tokens: int
-    completion_tokens: float | None = None
     chars_per_token: float = CHARS_PER_TOKEN
     completions: int = 0
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_ANSWERS))
+    """The last answers' output tokens, oldest first."""
+    _lengths: AnswerLengths | None = field(default=None, init=False, repr=False)
 
     def expected_output(self) -> float:
-        if self.completion_tokens is None:
-            return float(self.max_tokens)
-        learned = min(self.completion_tokens, self.max_tokens)
-        return (self.completions * learned + PRIOR_ANSWERS * self.max_tokens) / (
-            self.completions + PRIOR_ANSWERS
-        )
+        return self.lengths().mean()
+
+    def lengths(self) -> AnswerLengths:
+        """The answers' lengths so far, each weighing ``1 - ALPHA`` less per newer answer, after
+        ``PRIOR_ANSWERS`` at ``max_tokens`` fading by ``PRIOR_DECAY`` per answer (one snapshot between
+        two answers: every request in flight of the category shares it)."""
+        if self._lengths is None:
+            prior = PRIOR_ANSWERS * PRIOR_DECAY**self.completions
+            self._lengths = AnswerLengths.learn(self.recent, 1.0 - ALPHA, self.max_tokens, prior)
+        return self._lengths
 
     def prompt_tokens(self, prompt_chars: int) -> float:
         return prompt_chars / self.chars_per_token
 
     def learn(self, prompt_chars: int, prompt_tokens: int, completion_tokens: int) -> None:
         self.completions += 1
+        self.recent.append(completion_tokens)
+        self._lengths = None
         a = max(ALPHA, 1.0 / self.completions)  # plain mean for the first answers, then an EWMA
-        if self.completion_tokens is None:
-            self.completion_tokens = float(completion_tokens)
-        else:
-            self.completion_tokens += a * (completion_tokens - self.completion_tokens)
         if prompt_tokens > 0 and prompt_chars > 0:
             self.chars_per_token += a * (prompt_chars / prompt_tokens - self.chars_per_token)
 

@@ -20,14 +20,19 @@ the law saw).
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
+from flows.control.lengths import AnswerLengths, Floats
+
 SLICES = 32
 """The newcomer's life is cut into this many slices; each keeps the largest projection within it."""
+EPSILON_TOKENS = 1e-6
+"""A request is counted as still running at the very moment it reaches its length (the largest it
+holds), whatever the rounding of the time at which the projection reaches it."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class Flight:
     """Its category's expected output (learned online, ``demand.py``)."""
     max_output: int
     age_s: float
+    lengths: AnswerLengths | None = None
+    """Its category's answers' lengths (``lengths.py``); None: one step at ``output_tokens``."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,16 @@ class Outlook:
     tokens_per_s: float | None = None
     """Per-request decode rate the projection used; None before any answer: every request is then
     counted at its final size from the start (one slice)."""
+    newcomer_sizes: tuple[float, ...] | None = None
+    """What a newcomer is expected to hold at the end of each slice: its prompt and answer so far,
+    times the chance it still runs (answers of spread lengths end all along a life). None: it grows
+    from its prompt to ``newcomer_output`` without ending."""
+
+    def newcomer_size(self, j: int) -> float:
+        """What a newcomer holds at the end of slice ``j`` of its life."""
+        if self.newcomer_sizes is not None:
+            return self.newcomer_sizes[j]
+        return self.newcomer_prompt + self.newcomer_output * (j + 1) / len(self.peaks)
 
     def growth_share(self) -> float:
         """The share of a newcomer's final KV that its answer makes (0: all prompt, 1: all answer):
@@ -62,10 +79,8 @@ class Outlook:
     def room(self, budget_tokens: float) -> float:
         """How many newcomers fit now with the projection under ``budget_tokens`` all their life
         (negative: the requests in flight already overrun the budget by that many newcomers)."""
-        slices = len(self.peaks)
         return min(
-            (budget_tokens - peak) / (self.newcomer_prompt + self.newcomer_output * (j + 1) / slices)
-            for j, peak in enumerate(self.peaks)
+            (budget_tokens - peak) / max(self.newcomer_size(j), 1e-9) for j, peak in enumerate(self.peaks)
         )
 
     def credit(self, budget_tokens: float) -> int:
@@ -104,8 +119,9 @@ class Outlook:
 
 
 def expected_final_output(flight: Flight, done: float) -> float:
-    """Past its category's expected output, a request is expected halfway between what it made and
-    its ``max_tokens`` (the only bound known); a request at its cap ends now."""
+    """Where no lengths are known (``Flight.lengths`` None), one step at the category's expected
+    output; past it, halfway between what it made and its ``max_tokens`` (the only bound known); a
+    request at its cap ends now."""
     if done < flight.output_tokens:
         return flight.output_tokens
     return max(done, (done + flight.max_output) / 2)
@@ -114,11 +130,13 @@ def expected_final_output(flight: Flight, done: float) -> float:
 def project(flights: Iterable[Flight], tokens_per_s: float | None, pad_tokens: float = 0.0) -> Outlook | None:
     """The outlook of these requests (None when there are none).
 
-    The projection rises as every request grows and drops where one ends, so its largest value in
-    a slice is at one of the ends within it or at the slice's end: each is evaluated exactly (a
-    request counted at its largest size within the slice over-counted by the requests ending in
-    it: a sixteenth of them at their final size was 7 % of the pool on the simulator's long
-    phase).
+    Each request in flight is expected to hold, ``t`` seconds from now, its size then times the
+    chance that it is still running (``Survival``). Between two lengths at which answers end the
+    projection only rises, so its largest value in a slice is at the slice's end or just before
+    a request reaches a length that many answers have (``lengths.ATOM_SHARE``; every request's own
+    end where no lengths are known): each is evaluated exactly (a request counted at its largest
+    size within the slice over-counted by the requests ending in it: a sixteenth of them at their
+    final size was 7 % of the pool on the simulator's long phase).
 
     ``pad_tokens``: what each request holds beyond its own tokens, newcomers too: half a block
     where the pool hands out whole blocks (vLLM's are 128 tokens on CPU: about 64 a request, a
@@ -133,25 +151,84 @@ def project(flights: Iterable[Flight], tokens_per_s: float | None, pad_tokens: f
     if not tokens_per_s or tokens_per_s <= 0:
         total = sum(f.prompt_tokens + pad_tokens + f.output_tokens for f in items)
         return Outlook(total, (total,), newcomer_prompt, newcomer_output)
-    ends: list[tuple[float, float]] = []  # (seconds until it ends, tokens it holds now)
-    for flight in items:
-        done = min(tokens_per_s * flight.age_s, flight.max_output)
-        final = expected_final_output(flight, done)
-        ends.append(((final - done) / tokens_per_s, flight.prompt_tokens + pad_tokens + done))
-    ends.sort()
-    times = [end for end, _ in ends]
-    held_after = list(itertools.accumulate((held for _, held in reversed(ends)), initial=0.0))[::-1]
-
-    def at(t: float) -> float:
-        """The projection at ``t``: the requests that end at ``t`` or later, each grown since now."""
-        first = bisect.bisect_left(times, t)
-        return held_after[first] + tokens_per_s * t * (len(times) - first)
-
+    survival = Survival(items, tokens_per_s, pad_tokens)
     width = max(newcomer_output / tokens_per_s / SLICES, 1e-9)
-    peaks = [at((j + 1) * width) for j in range(SLICES)]
-    peaks[0] = max(peaks[0], at(0.0))
-    for end in times:
-        j = max(math.ceil(end / width) - 1, 0)
-        if j < SLICES:
-            peaks[j] = max(peaks[j], at(end))
-    return Outlook(held_after[0], tuple(peaks), newcomer_prompt, newcomer_output, tokens_per_s)
+    horizon = width * SLICES
+    ends: Floats = np.linspace(width, horizon, SLICES)
+    steps = survival.steps()
+    steps = steps[(steps > 0) & (steps <= horizon)]
+    held = survival.held(np.concatenate([ends, steps]))
+    peaks = held[:SLICES].copy()
+    np.maximum.at(peaks, np.maximum(np.ceil(steps / width).astype(int) - 1, 0), held[SLICES:])
+    now_tokens = float(survival.now.sum())
+    peaks[0] = max(peaks[0], now_tokens)
+    newcomer = None
+    if all(f.lengths is not None for f in items):
+        newcomer = tuple(survival.newcomer(ends).tolist())
+    return Outlook(
+        now_tokens, tuple(peaks.tolist()), newcomer_prompt, newcomer_output, tokens_per_s, newcomer
+    )
+
+
+class Survival:
+    """The requests in flight as the projection sees them: what each holds now, how far it has run,
+    and the chance it is still running after any length (its category's ``AnswerLengths`` given
+    that it has run this far; one step at ``expected_final_output`` where none are known)."""
+
+    def __init__(self, flights: list[Flight], tokens_per_s: float, pad_tokens: float) -> None:
+        self.rate = tokens_per_s
+        prompts = np.array([f.prompt_tokens for f in flights]) + pad_tokens
+        self.done = np.minimum(
+            tokens_per_s * np.array([f.age_s for f in flights]), [f.max_output for f in flights]
+        )
+        self.now = prompts + self.done
+        self.prompts = prompts
+        groups: dict[int, tuple[AnswerLengths, list[int]]] = {}
+        self.finals = np.full(len(flights), np.nan)
+        for i, flight in enumerate(flights):
+            if flight.lengths is None:
+                self.finals[i] = expected_final_output(flight, float(self.done[i]))
+            else:
+                groups.setdefault(id(flight.lengths), (flight.lengths, []))[1].append(i)
+        self.groups = [(lengths, np.array(index)) for lengths, index in groups.values()]
+        self.stepless = np.flatnonzero(~np.isnan(self.finals))
+
+    def alive(self, times: Floats) -> Floats:
+        """The chance that each request (rows) still runs at each time (columns), just before it
+        would end there."""
+        made = self.done[:, None] + self.rate * times[None, :] - EPSILON_TOKENS
+        chance = np.zeros_like(made)
+        for lengths, index in self.groups:
+            ran = lengths.longer(self.done[index])
+            still = lengths.at_least(made[index])
+            chance[index] = np.divide(still, ran[:, None], out=np.zeros_like(still), where=ran[:, None] > 0)
+        index = self.stepless
+        finals, done = self.finals[index], self.done[index]
+        chance[index] = (made[index] <= finals[:, None]) & (finals > done)[:, None]
+        return chance
+
+    def held(self, times: Floats) -> Floats:
+        """The expected KV of the requests in flight at each time."""
+        size = self.now[:, None] + self.rate * times[None, :]
+        return (size * self.alive(times)).sum(axis=0)
+
+    def steps(self) -> Floats:
+        """The times at which a request reaches a length many answers end at: the projection drops
+        there, so its peak may be just before."""
+        times = [(self.finals[self.stepless] - self.done[self.stepless]) / self.rate]
+        for lengths, index in self.groups:
+            ahead = lengths.atoms[None, :] - self.done[index][:, None]
+            times.append(ahead[ahead > 0] / self.rate)
+        return np.concatenate(times)
+
+    def newcomer(self, times: Floats) -> Floats:
+        """What a newcomer is expected to hold at each time: a request in flight's prompt, growing
+        from nothing, still running with its category's chance (averaged over those in flight)."""
+        made = self.rate * times - EPSILON_TOKENS
+        total = np.zeros_like(times)
+        for lengths, index in self.groups:
+            still = lengths.at_least(made)
+            total += ((self.prompts[index][:, None] + self.rate * times[None, :]) * still[None, :]).sum(
+                axis=0
+            )
+        return total / len(self.done)

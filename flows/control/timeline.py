@@ -37,6 +37,7 @@ OUTLOOK_COLUMNS = {
     "newcomer_prompt": "newcomer_prompt",
     "newcomer_output": "newcomer_output",
     "tokens_per_s": "tokens_per_s",
+    "newcomer_sizes": "newcomer_sizes",
 }
 """The outlook's fields by their timeline column."""
 SAMPLE_COLUMNS = ("source", "capacity_tokens", "block_tokens", "preemptions_total", "generation_tokens_total")
@@ -154,8 +155,15 @@ def outlook_from_row(row: dict[str, Any]) -> Outlook | None:
     before the outlook existed (its budget is then not replayed)."""
     if row.get("outlook_peaks") is None:
         return None
-    fields = {name: row[column] for column, name in OUTLOOK_COLUMNS.items()}
-    return Outlook(**{**fields, "peaks": tuple(fields["peaks"])})
+    sizes = row.get("newcomer_sizes")  # absent in timelines recorded before the lengths' distribution
+    return Outlook(
+        now_tokens=row["outlook_now_tokens"],
+        peaks=tuple(row["outlook_peaks"]),
+        newcomer_prompt=row["newcomer_prompt"],
+        newcomer_output=row["newcomer_output"],
+        tokens_per_s=row["tokens_per_s"],
+        newcomer_sizes=None if sizes is None else tuple(sizes),
+    )
 
 
 def observation_from_row(row: dict[str, Any]) -> Observation:

@@ -97,7 +97,11 @@ class Demand:
         """Read afresh at every tick: the category's projection is learned while the request runs."""
         model = self.model
         return Flight(
-            model.prompt_tokens(self.prompt_chars), model.expected_output(), model.max_tokens, age_s
+            model.prompt_tokens(self.prompt_chars),
+            model.expected_output(),
+            model.max_tokens,
+            age_s,
+            model.lengths(),
         )
 
     def learn(self, prompt_tokens: int, completion_tokens: int) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from flows.config import ConcurrencyConfig
 from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
+from flows.control.lengths import AnswerLengths
 from flows.control.outlook import Flight, project
 from flows.control.signals import ServerSample
 from flows.control.timeline import Timeline, observation_from_row, read_timeline
@@ -79,7 +81,11 @@ def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None
     assert all(d.pace_per_s is None for d in replayed)  # lengths of 64 and 256 tokens: unpaced
 
 
-def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lengths", [None, AnswerLengths.learn([64, 200, 256, 256], 0.95, 256, 1.0)])
+def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given(
+    tmp_path: Path, lengths: AnswerLengths | None
+) -> None:
+    """With the answers' lengths known the outlook carries what a newcomer holds slice by slice."""
     sample = ServerSample(
         source="vllm-metrics",
         kv_usage=0.5,
@@ -90,7 +96,9 @@ def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given
         block_tokens=128,
         generation_tokens_total=1000.0,
     )
-    outlook = project([Flight(300.0, 200.0, 256, age_s) for age_s in (0.5, 1.0, 2.0)], 50.0, pad_tokens=63.5)
+    flights = [Flight(300.0, 200.0, 256, age_s, lengths) for age_s in (0.5, 1.0, 2.0)]
+    outlook = project(flights, 50.0, pad_tokens=63.5)
+    assert outlook is not None and (outlook.newcomer_sizes is None) == (lengths is None)
     observation = Observation(
         at=12.5,
         server=sample,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from flows.control.demand import CategoryDemand, DemandModel
 
 
@@ -16,10 +18,24 @@ def test_the_first_short_answers_do_not_collapse_the_projection() -> None:
     demand = CategoryDemand(max_tokens=4096)
     for _ in range(10):
         demand.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=100)
-    assert demand.expected_output() > 2500
-    for _ in range(200):  # once many answers say so, the category really is short
+    assert demand.expected_output() > 2500  # the prior, 20 answers at 4,096, still weighs two thirds
+    for _ in range(40):  # about as much as 20 / (answers + 20) over the first 50
         demand.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=100)
-    assert demand.expected_output() < 1000
+    assert 0.25 < demand.lengths().at_least(np.array([4096.0]))[0] < 0.35
+    for _ in range(250):  # once many answers say so, the category really is short
+        demand.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=100)
+    assert demand.expected_output() < 110
+    assert demand.lengths().at_least(np.array([101.0]))[0] < 0.005  # the prior has faded
+
+
+def test_the_lengths_follow_a_shift_to_longer_answers_within_a_few_dozen() -> None:
+    demand = CategoryDemand(max_tokens=4096)
+    for _ in range(200):
+        demand.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=1000)
+    for _ in range(30):
+        demand.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=4096)
+    still = demand.lengths().at_least(np.array([1001.0]))[0]
+    assert 0.7 < still < 0.85  # 1 - 0.95**30 of the weight is on the long answers
 
 
 def test_the_prompt_ratio_is_learned_from_the_servers_counts() -> None:
