@@ -45,7 +45,8 @@ class Flight:
     max_output: int
     age_s: float
     lengths: AnswerLengths | None = None
-    """Its category's answers' lengths (``lengths.py``); None: one step at ``output_tokens``."""
+    """Its category's answers' lengths (``lengths.py``); None: a single step, at ``output_tokens`` or
+    past it halfway to ``max_output`` (``expected_final_output``)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class Survival:
             else:
                 groups.setdefault(id(flight.lengths), (flight.lengths, []))[1].append(i)
         self.groups = [(lengths, np.array(index)) for lengths, index in groups.values()]
-        self.stepless = np.flatnonzero(~np.isnan(self.finals))
+        self.single_step = np.flatnonzero(~np.isnan(self.finals))
 
     def alive(self, times: Floats) -> Floats:
         """The chance that each request (rows) still runs at each time (columns), just before it
@@ -202,7 +203,7 @@ class Survival:
             ran = lengths.longer(self.done[index])
             still = lengths.at_least(made[index])
             chance[index] = np.divide(still, ran[:, None], out=np.zeros_like(still), where=ran[:, None] > 0)
-        index = self.stepless
+        index = self.single_step
         finals, done = self.finals[index], self.done[index]
         chance[index] = (made[index] <= finals[:, None]) & (finals > done)[:, None]
         return chance
@@ -215,7 +216,7 @@ class Survival:
     def steps(self) -> Floats:
         """The times at which a request reaches a length many answers end at: the projection drops
         there, so its peak may be just before."""
-        times = [(self.finals[self.stepless] - self.done[self.stepless]) / self.rate]
+        times = [(self.finals[self.single_step] - self.done[self.single_step]) / self.rate]
         for lengths, index in self.groups:
             ahead = lengths.atoms[None, :] - self.done[index][:, None]
             times.append(ahead[ahead > 0] / self.rate)

@@ -30,7 +30,8 @@ from flows.store.run_store import atomic_file
 TIMELINE_DIR = "timeline"
 SEGMENT_ROWS = 3600
 """Decisions per file: an hour of one endpoint polled once a second (about 4 MiB in memory, 0.02 CPU s
-to write: bench/timeline_growth.py)."""
+to write: bench/timeline_growth.py; 5 MiB with the newcomer's 32 sizes that answers' lengths add,
+measured with tracemalloc on 3,600 rows of 60 requests in flight)."""
 OUTLOOK_COLUMNS = {
     "outlook_now_tokens": "now_tokens",
     "outlook_peaks": "peaks",

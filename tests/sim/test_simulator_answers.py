@@ -208,5 +208,6 @@ def test_sample_value_follows_json_schema_types() -> None:
 
 
 def test_settings_come_from_the_simulator_config() -> None:
-    cfg = SimConfig(stop_probability=0.3, reasoning=True, tool_calls=True, tool_call_probability=0.9, seed=5)
-    assert AnswerSettings.from_config(cfg) == AnswerSettings(0.3, True, 0.5, True, 0.9, 5)
+    knobs = {"stop_probability": 0.3, "stop_length_mean": 800.0, "reasoning": True, "tool_calls": True}
+    cfg = SimConfig(**knobs, tool_call_probability=0.9, seed=5)
+    assert AnswerSettings.from_config(cfg) == AnswerSettings(**knobs, tool_call_probability=0.9, seed=5)
