@@ -57,7 +57,7 @@ class AnswerLengths:
         """From the recent answers' output tokens (oldest first), each weighing ``decay`` less per
         newer answer, and ``prior_weight`` (in the newest answer's units) at ``max_tokens``: the
         first answers to come back are the shortest ones, so until enough have come back the
-        category is held to its cap (the prior fades like an answer older than all of them)."""
+        category is held to its cap (the caller fades it: ``demand.PRIOR_DECAY``)."""
         lengths = np.minimum(np.asarray(recent, dtype=np.float64), max_tokens)
         weights = decay ** np.arange(len(lengths) - 1, -1, -1, dtype=np.float64)
         lengths = np.append(lengths, float(max_tokens))
