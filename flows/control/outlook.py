@@ -185,14 +185,13 @@ class Survival:
         self.now = prompts + self.done
         self.prompts = prompts
         groups: dict[int, tuple[AnswerLengths, list[int]]] = {}
-        self.finals = np.full(len(flights), np.nan)
         for i, flight in enumerate(flights):
-            if flight.lengths is None:
-                self.finals[i] = expected_final_output(flight, float(self.done[i]))
-            else:
-                groups.setdefault(id(flight.lengths), (flight.lengths, []))[1].append(i)
+            # no lengths known: one step of its own, at what it is expected to make in all
+            lengths = flight.lengths or AnswerLengths.single(
+                expected_final_output(flight, float(self.done[i]))
+            )
+            groups.setdefault(id(lengths), (lengths, []))[1].append(i)
         self.groups = [(lengths, np.array(index)) for lengths, index in groups.values()]
-        self.single_step = np.flatnonzero(~np.isnan(self.finals))
 
     def alive(self, times: Floats) -> Floats:
         """The chance that each request (rows) still runs at each time (columns), just before it
@@ -203,9 +202,6 @@ class Survival:
             ran = lengths.longer(self.done[index])
             still = lengths.at_least(made[index])
             chance[index] = np.divide(still, ran[:, None], out=np.zeros_like(still), where=ran[:, None] > 0)
-        index = self.single_step
-        finals, done = self.finals[index], self.done[index]
-        chance[index] = (made[index] <= finals[:, None]) & (finals > done)[:, None]
         return chance
 
     def held(self, times: Floats) -> Floats:
@@ -216,7 +212,7 @@ class Survival:
     def steps(self) -> Floats:
         """The times at which a request reaches a length many answers end at: the projection drops
         there, so its peak may be just before."""
-        times = [(self.finals[self.single_step] - self.done[self.single_step]) / self.rate]
+        times = []
         for lengths, index in self.groups:
             ahead = lengths.atoms[None, :] - self.done[index][:, None]
             times.append(ahead[ahead > 0] / self.rate)
