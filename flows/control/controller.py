@@ -84,7 +84,9 @@ class EndpointController:
         lane = self.lane
         if sample is not None and sample.block_tokens:  # the last known, while the server is unread
             lane.block_tokens = sample.block_tokens
-        outlook = lane.outlook(time.monotonic())
+        now = time.monotonic()
+        lane.read_server(now, sample)
+        outlook = lane.outlook(now)
         observation = Observation(
             at=at,
             server=sample,

@@ -12,11 +12,14 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Generic, Protocol, TypeVar
 
+from flows.control.decode_clock import DecodeClock
 from flows.control.limit import Limit
 from flows.control.outlook import Flight, Outlook, project
 from flows.control.pacer import Pacer
+from flows.control.signals import ServerSample
 
 T = TypeVar("T")
 
@@ -38,8 +41,11 @@ class Lane(Generic[T]):
         self.endpoint = endpoint
         self.limit = limit
         self.in_flight = 0
-        self.footprints: dict[Footprint, float] = {}
-        """This lane's requests in flight that the token budget counts, each with when it was admitted."""
+        self.footprints: dict[Footprint, tuple[float, float]] = {}
+        """This lane's requests in flight that the token budget counts, each with when it was admitted
+        and the decode clock then."""
+        self.clock = DecodeClock()
+        """Tokens a running request has made: each footprint's progress since its admission."""
         self.completed = 0
         self.life_s: float | None = None
         """How long this lane's requests hold their slot, a moving average of the completed ones."""
@@ -66,12 +72,30 @@ class Lane(Generic[T]):
         self._tokens_squared += weight * (completion_tokens**2 - self._tokens_squared)
 
     @property
-    def tokens_per_s(self) -> float | None:
-        """Output tokens a request makes per second it holds its slot (queue and prefill included, so
-        it errs slow: projected requests end later, never earlier); None before any answer."""
+    def answered_tokens_per_s(self) -> float | None:
+        """Output tokens a request makes per second it holds its slot, averaged over the answers
+        (queue and prefill included, so it errs slow); None before any answer."""
         if not self.life_s or self._tokens <= 0:
             return None
         return self._tokens / self.life_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """The decode rate per request the outlook projects with: the server's now (``DecodeClock``),
+        else the answers' average; None before any answer."""
+        if self.answered_tokens_per_s is None:
+            return None
+        return self.clock.server_rate or self.answered_tokens_per_s
+
+    def admit(self, footprint: Footprint, now: float) -> None:
+        """Count a request admitted now in the token budget."""
+        self.footprints[footprint] = (now, self.clock.reading(now))
+
+    def read_server(self, now: float, sample: ServerSample | None) -> None:
+        """Advance the decode clock to ``now`` with the server's reading (None: unread)."""
+        throughput = sample.decode_tokens_per_s if sample is not None else None
+        running = sample.running if sample is not None else None
+        self.clock.observe(now, throughput, running, self.answered_tokens_per_s)
 
     @property
     def output_spread(self) -> float | None:
@@ -84,8 +108,13 @@ class Lane(Generic[T]):
         return math.sqrt(variance) / self._tokens
 
     def flights(self, now: float) -> list[Flight]:
-        """The counted requests in flight, each with its age, for the budget's outlook."""
-        return [footprint.flight(now - admitted) for footprint, admitted in self.footprints.items()]
+        """The counted requests in flight, each with its age and the tokens it has made (the decode
+        clock's advance since its admission), for the budget's outlook."""
+        clock = self.clock.reading(now)
+        return [
+            replace(footprint.flight(now - admitted), made_tokens=clock - stamp)
+            for footprint, (admitted, stamp) in self.footprints.items()
+        ]
 
     def outlook(self, now: float) -> Outlook | None:
         """What the counted requests in flight will hold over a newcomer's life (``outlook.py``)."""
@@ -194,7 +223,7 @@ class Limiter(Generic[T]):
             lane.credit -= 1
             lane.in_flight += 1
             if footprint is not None:
-                lane.footprints[footprint] = now
+                lane.admit(footprint, now)
             return lane
 
     async def release(self, lane: Lane[T], footprint: Footprint | None = None) -> None:

@@ -47,6 +47,8 @@ class Flight:
     lengths: AnswerLengths | None = None
     """Its category's answers' lengths (``lengths.py``); None: a single step, at ``output_tokens`` or
     past it halfway to ``max_output`` (``expected_final_output``)."""
+    made_tokens: float | None = None
+    """Output tokens it has made so far (``decode_clock.py``); None: its age at the projection's rate."""
 
 
 @dataclass(frozen=True)
@@ -179,9 +181,8 @@ class Survival:
     def __init__(self, flights: list[Flight], tokens_per_s: float, pad_tokens: float) -> None:
         self.rate = tokens_per_s
         prompts = np.array([f.prompt_tokens for f in flights]) + pad_tokens
-        self.done = np.minimum(
-            tokens_per_s * np.array([f.age_s for f in flights]), [f.max_output for f in flights]
-        )
+        made = [tokens_per_s * f.age_s if f.made_tokens is None else f.made_tokens for f in flights]
+        self.done = np.minimum(np.array(made, dtype=np.float64), [f.max_output for f in flights])
         self.now = prompts + self.done
         self.prompts = prompts
         groups: dict[int, tuple[AnswerLengths, list[int]]] = {}

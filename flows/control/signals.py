@@ -42,7 +42,11 @@ class ServerSample:
     request holds whole blocks, so each wastes about half a block beside its tokens."""
     max_running: int | None = None
     generation_tokens_total: float | None = None
-    """Output tokens the server generated since it started (the benchmarks' throughput counter)."""
+    """Output tokens the server generated since it started (the benchmarks' throughput counter;
+    SGLang counts an answer's tokens when it ends)."""
+    decode_tokens_per_s: float | None = None
+    """Output tokens per second over the server's last decode steps (SGLang's ``gen_throughput``):
+    over ``running``, how fast each request decodes now (``decode_clock.py``)."""
     busy_us: float | None = None
     """Microseconds the scheduler spent in decode and prefill steps since it started, the mean over
     DP ranks (SGLang's ``/v1/loads`` counters, 0.5.2x): between two readings, the share of the time
@@ -57,6 +61,7 @@ LOAD_METRICS = frozenset(
         "sglang:num_retracted_requests_total",
         "sglang:max_total_num_tokens",
         "sglang:generation_tokens_total",
+        "sglang:gen_throughput",
         "vllm:kv_cache_usage_perc",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -118,6 +123,7 @@ def parse_metrics(text: str) -> ServerSample | None:
             preemptions_total=values.get("sglang:num_retracted_requests_total", 0.0),
             capacity_tokens=_int(values.get("sglang:max_total_num_tokens")),
             generation_tokens_total=totals.get("sglang:generation_tokens_total"),
+            decode_tokens_per_s=values.get("sglang:gen_throughput"),
         )
     if "vllm:kv_cache_usage_perc" in values or "vllm:num_requests_running" in values:
         return ServerSample(
@@ -163,6 +169,7 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         queued=sum(int(e.get("num_waiting_reqs", 0)) for e in loads),
         capacity_tokens=capacity or None,
         max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
+        decode_tokens_per_s=sum(float(e.get("gen_throughput", 0.0)) for e in loads),
         busy_us=None if None in busy else sum(b for b in busy if b is not None) / len(busy),
     )
 

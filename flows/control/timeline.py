@@ -41,7 +41,14 @@ OUTLOOK_COLUMNS = {
     "newcomer_sizes": "newcomer_sizes",
 }
 """The outlook's fields by their timeline column."""
-SAMPLE_COLUMNS = ("source", "capacity_tokens", "block_tokens", "preemptions_total", "generation_tokens_total")
+SAMPLE_COLUMNS = (
+    "source",
+    "capacity_tokens",
+    "block_tokens",
+    "preemptions_total",
+    "generation_tokens_total",
+    "decode_tokens_per_s",
+)
 """The server sample's fields a decision does not already carry (it has the usage, running, queued)."""
 
 

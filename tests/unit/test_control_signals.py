@@ -25,6 +25,7 @@ def test_sglang_metrics_under_load_after_a_retraction() -> None:
         preemptions_total=1.0,
         capacity_tokens=4096,
         generation_tokens_total=2257.0 + 16.0,  # both is_streaming series
+        decode_tokens_per_s=1976.3521852093966,  # gen_throughput: the decode clock's rate
     )
 
 
@@ -78,6 +79,7 @@ def test_v1_loads_under_load() -> None:
     assert (sample.running, sample.queued, sample.capacity_tokens, sample.max_running) == (8, 56, 4096, 16)
     assert sample.kv_usage is not None and abs(sample.kv_usage - 3796 / 4096) < 1e-9
     assert sample.busy_us == 1056093 + 13411235  # prefill's busy µs + the decode steps' (decode_moments[2])
+    assert sample.decode_tokens_per_s == 1991.03  # gen_throughput, as /metrics says it
     assert parse_loads({"loads": []}) is None
 
 

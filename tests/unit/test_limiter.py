@@ -8,6 +8,7 @@ import pytest
 from flows.control.limit import FixedLimit
 from flows.control.limiter import Lane, Limiter
 from flows.control.outlook import Flight
+from flows.control.signals import ServerSample
 
 
 class MutableLimit:
@@ -269,3 +270,20 @@ async def test_a_lane_paced_at_zero_admits_again_when_the_next_decision_paces_it
     lane.pacer.set(1000.0, burst=1.0, now=time.monotonic())
     await limiter.notify()
     assert await asyncio.wait_for(waiter, 1) is lane
+
+
+async def test_a_lane_counts_each_footprints_progress_on_the_decode_clock() -> None:
+    """A request admitted while few ran and one admitted later are as far along as the server's rate
+    made them, whatever the answers' average rate says."""
+    lane: Lane[str] = Lane("a", FixedLimit(4))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.finished(10.0, completion_tokens=1000)  # the answers' average: 100 tokens/s
+    start = time.monotonic()
+    lane.read_server(start, ServerSample("sglang-metrics", running=10, decode_tokens_per_s=3000.0))
+    early, late = Footprint(10.0), Footprint(20.0)
+    await limiter.acquire(early)
+    lane.read_server(start + 1.0, ServerSample("sglang-metrics", running=10, decode_tokens_per_s=3000.0))
+    await limiter.acquire(late)
+    assert lane.tokens_per_s == pytest.approx(300.0)  # the server's, once it says one
+    made = {f.prompt_tokens: f.made_tokens for f in lane.flights(time.monotonic())}
+    assert made[10.0] == pytest.approx(300.0, abs=15.0) and made[20.0] == pytest.approx(0.0, abs=15.0)
