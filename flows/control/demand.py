@@ -2,10 +2,9 @@
 
 A request holds its prompt plus its output in the KV cache by the time it ends. The prompt's token
 count is estimated from its characters (the ratio learned from the server's usage reports, starting
-at 4 characters a token); the output from the lengths of the category's answers so far and how
-far its requests in flight have run without ending (``lengths.LengthExposure``), each weighing
-``1 - ALPHA`` less per newer answer, after ``PRIOR_ANSWERS`` answers at ``max_tokens`` that fade by
-``PRIOR_DECAY`` per answer. The prior matters: the first answers
+at 4 characters a token); the output from the lengths of the category's answers so far
+(``lengths.py``), each weighing ``1 - ALPHA`` less per newer answer, after ``PRIOR_ANSWERS`` answers
+at ``max_tokens`` that fade by ``PRIOR_DECAY`` per answer. The prior matters: the first answers
 to come back are the shortest ones (a long answer is still running), so their lengths alone would
 project far too little and open the budget wide at the start of a run. It must also fade: a prior
 held at 20 / (answers + 20), as the mean once had it, still put 6 % of the answers at ``max_tokens``
@@ -15,9 +14,10 @@ after 300, and for a request that had already run long that was a fifth of its c
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
-from flows.control.lengths import AnswerLengths, LengthExposure
+from flows.control.lengths import AnswerLengths
 
 CHARS_PER_TOKEN = 4.0
 ALPHA = 0.05
@@ -29,6 +29,8 @@ the short ones first) it weighs about what 20 / (answers + 20) did, then it is g
 200, 0.03 % after 400). Faded as fast as the answers' own weights (0.95), it left the first
 requests' young ones to end early: twice the retractions in the first 10 s of a run on the real
 SGLang (bench/README.md, fifteenth session)."""
+RECENT_ANSWERS = 128
+"""Answers kept for the lengths' distribution: at ``ALPHA`` the oldest weighs 0.1 % of the newest."""
 
 
 @dataclass
@@ -36,40 +38,28 @@ class CategoryDemand:
     max_tokens: int
     chars_per_token: float = CHARS_PER_TOKEN
     completions: int = 0
-    exposure: LengthExposure = field(init=False, repr=False)
-    """The answers' lengths as they end and as the requests in flight run past them."""
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_ANSWERS))
+    """The last answers' output tokens, oldest first."""
     _lengths: AnswerLengths | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.exposure = LengthExposure(self.max_tokens, 1.0 - ALPHA)
 
     def expected_output(self) -> float:
         return self.lengths().mean()
 
     def lengths(self) -> AnswerLengths:
-        """The answers' lengths so far (``LengthExposure``), each weighing ``1 - ALPHA`` less per newer
-        answer, after ``PRIOR_ANSWERS`` at ``max_tokens`` fading by ``PRIOR_DECAY`` per answer (one
-        snapshot until the next answer or progress: every request in flight of the category shares it)."""
+        """The answers' lengths so far, each weighing ``1 - ALPHA`` less per newer answer, after
+        ``PRIOR_ANSWERS`` at ``max_tokens`` fading by ``PRIOR_DECAY`` per answer (one snapshot between
+        two answers: every request in flight of the category shares it)."""
         if self._lengths is None:
             prior = PRIOR_ANSWERS * PRIOR_DECAY**self.completions
-            self._lengths = self.exposure.lengths(prior)
+            self._lengths = AnswerLengths.learn(self.recent, 1.0 - ALPHA, self.max_tokens, prior)
         return self._lengths
-
-    def progress(self, counted: int, made_tokens: float) -> int:
-        """A request in flight counted in ``counted`` bands of lengths has made ``made_tokens``
-        (``LengthExposure.reach``); returns the bands it is counted in now."""
-        now = self.exposure.reach(counted, made_tokens)
-        if now != counted:
-            self._lengths = None
-        return now
 
     def prompt_tokens(self, prompt_chars: int) -> float:
         return prompt_chars / self.chars_per_token
 
-    def learn(self, prompt_chars: int, prompt_tokens: int, completion_tokens: int, counted: int = 0) -> None:
-        """An answer came back from a request counted in ``counted`` bands of lengths so far."""
+    def learn(self, prompt_chars: int, prompt_tokens: int, completion_tokens: int) -> None:
         self.completions += 1
-        self.exposure.end(counted, completion_tokens)
+        self.recent.append(completion_tokens)
         self._lengths = None
         a = max(ALPHA, 1.0 / self.completions)  # plain mean for the first answers, then an EWMA
         if prompt_tokens > 0 and prompt_chars > 0:

@@ -33,9 +33,6 @@ class Footprint(Protocol):
 
     def flight(self, age_s: float) -> Flight: ...
 
-    def progress(self, made_tokens: float) -> None:
-        """Told at every reading of the server how many tokens it has made (the decode clock)."""
-
 
 class Lane(Generic[T]):
     """One endpoint behind the gate: its law, and how many of its requests are in flight."""
@@ -95,14 +92,10 @@ class Lane(Generic[T]):
         self.footprints[footprint] = (now, self.clock.reading(now))
 
     def read_server(self, now: float, sample: ServerSample | None) -> None:
-        """Advance the decode clock to ``now`` with the server's reading (None: unread), and tell each
-        request in flight how far it has run."""
+        """Advance the decode clock to ``now`` with the server's reading (None: unread)."""
         throughput = sample.decode_tokens_per_s if sample is not None else None
         running = sample.running if sample is not None else None
         self.clock.observe(now, throughput, running, self.answered_tokens_per_s)
-        clock = self.clock.reading(now)
-        for footprint, (_, stamp) in self.footprints.items():
-            footprint.progress(clock - stamp)
 
     @property
     def output_spread(self) -> float | None:

@@ -81,15 +81,13 @@ class Patience:
 Held = dict["asyncio.Task[None]", Lane[Endpoint]]
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Demand:
     """One prompt's KV footprint for the token budget (``Footprint``), and where to learn from its
     answer. A fixed limit has no demand model, so its prompts have none (``of`` gives None)."""
 
     model: CategoryDemand
     prompt_chars: int
-    counted: int = 0
-    """Bands of lengths it has run through (``LengthExposure``): counted as it runs, set right at its end."""
 
     @classmethod
     def of(cls, model: CategoryDemand | None, record: PromptRecord) -> Demand | None:
@@ -106,13 +104,8 @@ class Demand:
             model.lengths(),
         )
 
-    def progress(self, made_tokens: float) -> None:
-        """It has made ``made_tokens`` so far (the decode clock): its category learns that answers
-        run at least that long."""
-        self.counted = self.model.progress(self.counted, made_tokens)
-
     def learn(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.model.learn(self.prompt_chars, prompt_tokens, completion_tokens, self.counted)
+        self.model.learn(self.prompt_chars, prompt_tokens, completion_tokens)
 
 
 def prompt_chars(record: PromptRecord) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -82,9 +81,7 @@ def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None
     assert all(d.pace_per_s is None for d in replayed)  # lengths of 64 and 256 tokens: unpaced
 
 
-@pytest.mark.parametrize(
-    "lengths", [None, AnswerLengths.of(np.array([64.0, 200.0, 256.0]), np.array([1.0, 1.0, 3.0]))]
-)
+@pytest.mark.parametrize("lengths", [None, AnswerLengths.learn([64, 200, 256, 256], 0.95, 256, 1.0)])
 def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given(
     tmp_path: Path, lengths: AnswerLengths | None
 ) -> None:

@@ -152,9 +152,6 @@ class Footprint:
     def flight(self, age_s: float) -> Flight:
         return Flight(self.prompt, 100.0, 256, age_s)
 
-    def progress(self, made_tokens: float) -> None:
-        self.made = made_tokens
-
 
 async def test_a_lane_counts_its_footprints_from_admission_to_release() -> None:
     lane: Lane[str] = Lane("a", FixedLimit(4))

@@ -121,7 +121,7 @@ def test_no_stream_rate_before_any_answer() -> None:
 
 def uniform_lengths(max_tokens: int = 4096) -> AnswerLengths:
     """Answers that stop at a uniform point below the cap (the simulator's short phase)."""
-    return AnswerLengths.of(np.arange(1.0, max_tokens), np.ones(max_tokens - 1))
+    return AnswerLengths.learn(list(range(1, max_tokens)), 1.0, max_tokens, prior_weight=0.0)
 
 
 def realized(prompts: np.ndarray, done: np.ndarray, answers: np.ndarray, rate: float, t: float) -> float:
@@ -160,7 +160,7 @@ def test_answers_of_spread_lengths_are_projected_at_what_they_will_hold_on_avera
 def test_answers_of_one_length_keep_the_cohorts_step() -> None:
     """Every answer to the cap: the lengths give the same projection as the single number, so a
     cohort is still projected to its peak."""
-    cap = AnswerLengths.single(4096.0)
+    cap = AnswerLengths.learn([4096] * 50, 0.95, 4096, prior_weight=1.0)
     ages = [0.5 * i for i in range(16)]
     with_lengths = project([Flight(100.0, 4096.0, 4096, age, cap) for age in ages], 500.0)
     one_number = project([Flight(100.0, 4096.0, 4096, age) for age in ages], 500.0)
