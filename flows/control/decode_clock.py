@@ -1,4 +1,4 @@
-"""How many tokens a request in flight has made: a clock in tokens, read from the server's own counter.
+"""How many tokens a request in flight has made: a clock in tokens, run at the server's decode rate.
 
 The outlook needs each request's progress (its KV now, how far it is from its end). Counted as its
 age times a decode rate averaged over the answers (tokens per second a request held its slot), it
@@ -51,11 +51,6 @@ class DecodeClock:
         if self._at is None:
             return self._tokens
         return self._tokens + self._rate * max(at - self._at, 0.0)
-
-    @property
-    def rate(self) -> float:
-        """Tokens per second the clock runs at now (0: standing still)."""
-        return self._rate
 
     def observe(
         self, at: float, throughput: float | None, running: int | None, fallback: float | None

@@ -169,9 +169,15 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         queued=sum(int(e.get("num_waiting_reqs", 0)) for e in loads),
         capacity_tokens=capacity or None,
         max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
-        decode_tokens_per_s=sum(float(e.get("gen_throughput", 0.0)) for e in loads),
+        decode_tokens_per_s=_sum_of(loads, "gen_throughput"),
         busy_us=None if None in busy else sum(b for b in busy if b is not None) / len(busy),
     )
+
+
+def _sum_of(loads: list[dict[str, Any]], key: str) -> float | None:
+    """The ranks' values of ``key`` summed; None where no rank says it (an older server)."""
+    values = [float(e[key]) for e in loads if isinstance(e.get(key), int | float)]
+    return sum(values) if values else None
 
 
 def _busy_us(load: dict[str, Any]) -> float | None:

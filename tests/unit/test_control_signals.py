@@ -80,6 +80,12 @@ def test_v1_loads_under_load() -> None:
     assert sample.kv_usage is not None and abs(sample.kv_usage - 3796 / 4096) < 1e-9
     assert sample.busy_us == 1056093 + 13411235  # prefill's busy µs + the decode steps' (decode_moments[2])
     assert sample.decode_tokens_per_s == 1991.03  # gen_throughput, as /metrics says it
+    older = {
+        key: value for key, value in json.loads(_text("sglang-0.5.23/v1_loads_load.json"))["loads"][0].items()
+    }
+    del older["gen_throughput"]
+    before = parse_loads({"loads": [older]})
+    assert before is not None and before.decode_tokens_per_s is None  # not said: not zero
     assert parse_loads({"loads": []}) is None
 
 
