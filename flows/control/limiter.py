@@ -12,7 +12,6 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Generic, Protocol, TypeVar
 
 from flows.control.decode_clock import DecodeClock
@@ -31,7 +30,7 @@ class Footprint(Protocol):
     """What a request will hold in the KV cache (a prompt's ``Demand``), read afresh at every tick:
     its category's expected output is learned while it runs."""
 
-    def flight(self, age_s: float) -> Flight: ...
+    def flight(self, age_s: float, made_tokens: float) -> Flight: ...
 
 
 class Lane(Generic[T]):
@@ -83,9 +82,10 @@ class Lane(Generic[T]):
     def tokens_per_s(self) -> float | None:
         """The decode rate per request the outlook projects with: the server's now (``DecodeClock``),
         else the answers' average; None before any answer."""
-        if self.answered_tokens_per_s is None:
+        answered = self.answered_tokens_per_s
+        if answered is None:
             return None
-        return self.clock.server_rate or self.answered_tokens_per_s
+        return self.clock.server_rate or answered
 
     def admit(self, footprint: Footprint, now: float) -> None:
         """Count a request admitted now in the token budget."""
@@ -112,7 +112,7 @@ class Lane(Generic[T]):
         clock's advance since its admission), for the budget's outlook."""
         clock = self.clock.reading(now)
         return [
-            replace(footprint.flight(now - admitted), made_tokens=clock - stamp)
+            footprint.flight(now - admitted, clock - stamp)
             for footprint, (admitted, stamp) in self.footprints.items()
         ]
 

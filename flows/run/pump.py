@@ -93,7 +93,7 @@ class Demand:
     def of(cls, model: CategoryDemand | None, record: PromptRecord) -> Demand | None:
         return None if model is None else cls(model, prompt_chars(record))
 
-    def flight(self, age_s: float) -> Flight:
+    def flight(self, age_s: float, made_tokens: float) -> Flight:
         """Read afresh at every tick: the category's projection is learned while the request runs."""
         model = self.model
         return Flight(
@@ -102,6 +102,7 @@ class Demand:
             model.max_tokens,
             age_s,
             model.lengths(),
+            made_tokens,
         )
 
     def learn(self, prompt_tokens: int, completion_tokens: int) -> None:

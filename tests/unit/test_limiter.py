@@ -149,8 +149,8 @@ class Footprint:
     def __init__(self, prompt: float) -> None:
         self.prompt = prompt
 
-    def flight(self, age_s: float) -> Flight:
-        return Flight(self.prompt, 100.0, 256, age_s)
+    def flight(self, age_s: float, made_tokens: float) -> Flight:
+        return Flight(self.prompt, 100.0, 256, age_s, made_tokens=made_tokens)
 
 
 async def test_a_lane_counts_its_footprints_from_admission_to_release() -> None:
