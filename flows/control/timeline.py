@@ -163,15 +163,12 @@ def outlook_from_row(row: dict[str, Any]) -> Outlook | None:
     before the outlook existed (its budget is then not replayed)."""
     if row.get("outlook_peaks") is None:
         return None
-    sizes = row.get("newcomer_sizes")  # absent in timelines recorded before the lengths' distribution
-    return Outlook(
-        now_tokens=row["outlook_now_tokens"],
-        peaks=tuple(row["outlook_peaks"]),
-        newcomer_prompt=row["newcomer_prompt"],
-        newcomer_output=row["newcomer_output"],
-        tokens_per_s=row["tokens_per_s"],
-        newcomer_sizes=None if sizes is None else tuple(sizes),
-    )
+    # newcomer_sizes is absent in timelines recorded before the lengths' distribution: None
+    fields: dict[str, Any] = {}
+    for column, name in OUTLOOK_COLUMNS.items():
+        value = row.get(column)
+        fields[name] = tuple(value) if isinstance(value, list) else value  # parquet lists: tuples
+    return Outlook(**fields)
 
 
 def observation_from_row(row: dict[str, Any]) -> Observation:
