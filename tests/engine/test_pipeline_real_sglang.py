@@ -116,8 +116,13 @@ def test_200_prompts_through_real_sglang_under_a_prefect_server(
     ds = load_dataset("parquet", data_dir=str(tmp_path / "real200" / "data"), split="train")
     assert set(ds["finish_reason"]) <= {"stop", "length"}
     assert all(1 <= u["completion_tokens"] <= 48 for u in ds["usage"])
-    assert all(m[-1]["role"] == "assistant" and m[-1]["content"] for m in ds["messages"])
-    assert all(ttft is not None and ttft > 0 for ttft in ds["ttft_s"])
+    assert all(m[-1]["role"] == "assistant" for m in ds["messages"])
+    # the random model sometimes ends at once (its only token the end): such a row is kept, flagged
+    # empty (left out of the training split), and has no first token to time
+    answered = [row for row in ds if (row["messages"][-1]["content"] or "").strip()]
+    assert len(answered) > len(ds) // 2
+    assert sum("empty" in row["flags"] for row in ds) == len(ds) - len(answered)
+    assert all(row["ttft_s"] is not None and row["ttft_s"] > 0 for row in answered)
     assert set(ds["model"]) == {"tinyllm"}
     # what the Prefect UI shows: one completed flow run named after the run, a subflow, shard tasks
     runs = httpx.post(f"{prefect_api}/flow_runs/filter", json={}, timeout=10).json()
