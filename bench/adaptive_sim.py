@@ -13,7 +13,11 @@ own token counter) with the best fixed setting of that phase (an oracle that kno
 "Steady" is the long phase without its edges: from the end of the last request the server had
 received before the switch (a setting with a deep queue still answers short ones well into the
 long phase, where the cache holds more of them) to the arrival of the last prompt (then every
-setting drains): what a run of hours spends its time in.
+setting drains): what a run of hours spends its time in. "Short warm" is the first phase without
+its start, from the end of the 150th request (the seeds' setting's first cohort) to the switch: until
+then no answer's length is known (one phase: "warm", to the arrival of the last prompt). With
+``--keep`` each run's directory holds the server's state every 0.2 s (``gauges.jsonl``: running,
+queued, KV usage, generated tokens), what a fixed setting did to the server.
 Settings are interleaved and repeated; medians are shown. The client runs pinned to core 1 with a
 nice-19 spinner there in every setting alike.
 
@@ -27,6 +31,7 @@ what a request that has already run long is expected to hold: its cap says littl
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -47,6 +52,8 @@ from sglang_launch.simulator import SimConfig, SimulatorProcess
 console = Console(width=140)
 SEEDS_KV = 116_171
 MAX_TOKENS = 4096
+WARM = 150
+"""Requests ended before "warm" (the seeds' 150: the largest fixed setting's first cohort)."""
 
 
 @dataclass
@@ -57,6 +64,10 @@ class PhaseOutcome:
     """The long phase without its edges: from the end of the last request the server had received
     before the switch (a deep queue holds short answers well into the long phase) to the arrival of
     the last prompt (then the run drains)."""
+    warm_tok_s: float
+    """The first phase without its start: from the end of the ``WARM``-th request to the switch (with
+    no shift: to the arrival of the last prompt). Before it no answer's length is known, and a law
+    that does not guess fills the cache only as the answers come back."""
     peak_queue: int
     retractions: int
     seconds: float
@@ -68,6 +79,10 @@ class PhaseDriver(threading.Thread):
     def __init__(self, sim: SimulatorProcess, switch_after: int, total: int) -> None:
         super().__init__(daemon=True)
         self.sim, self.switch_after, self.total = sim, switch_after, total
+        self.warm: tuple[float, int] | None = None
+        """(when, generated tokens) once ``WARM`` requests have ended."""
+        self.last_arrival: tuple[float, int] | None = None
+        """(when, generated tokens) once the last prompt has arrived."""
         self.stop = threading.Event()
         self.switched_at: float | None = None
         self.tokens_at_switch = 0
@@ -75,14 +90,24 @@ class PhaseDriver(threading.Thread):
         self.received_at_switch = 0
         self.steady_start: tuple[float, int] | None = None
         """(when, generated tokens) once every request received before the switch has ended."""
-        self.steady_end: tuple[float, int] | None = None
-        """(when, generated tokens) once the last prompt has arrived."""
+        self.readings: list[dict[str, float]] = []
+        """The server's state every 0.2 s (what a fixed setting, which has no timeline, did to it)."""
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
             stats = self.sim.stats()
             now = time.monotonic()
             self.peak_queue = max(self.peak_queue, stats["queued"])
+            self.readings.append(
+                {
+                    "at": now,
+                    **{key: stats[key] for key in ("running", "queued", "token_usage", "generated_tokens")},
+                }
+            )
+            if self.warm is None and stats["finished_requests"] >= WARM:
+                self.warm = (now, stats["generated_tokens"])
+            if self.last_arrival is None and stats["requests_received"] >= self.total:
+                self.last_arrival = (now, stats["generated_tokens"])
             if self.switched_at is None:
                 if stats["finished_requests"] >= self.switch_after:
                     self.sim.set_answers(stop_probability=0.0)
@@ -92,15 +117,22 @@ class PhaseDriver(threading.Thread):
                 continue
             if self.steady_start is None and stats["finished_requests"] >= self.received_at_switch:
                 self.steady_start = (now, stats["generated_tokens"])
-            elif self.steady_end is None and stats["requests_received"] >= self.total:
-                self.steady_end = (now, stats["generated_tokens"])
 
     def steady_tok_s(self) -> float:
         """Output tok/s over the steady window (0 where the run never had one)."""
-        if self.steady_start is None or self.steady_end is None:
-            return 0.0
-        (start, first), (end, last) = self.steady_start, self.steady_end
-        return (last - first) / max(end - start, 1e-9)
+        return _rate(self.steady_start, self.last_arrival)
+
+    def warm_tok_s(self) -> float:
+        """Output tok/s of the first phase from the ``WARM``-th end on (0 where it had none)."""
+        end = (self.switched_at, self.tokens_at_switch) if self.switched_at is not None else self.last_arrival
+        return _rate(self.warm, end)
+
+
+def _rate(start: tuple[float, int] | None, end: tuple[float, int] | None) -> float:
+    """Output tok/s between two (when, generated tokens) marks (0 where either is missing or out of order)."""
+    if start is None or end is None or end[0] <= start[0]:
+        return 0.0
+    return (end[1] - start[1]) / (end[0] - start[0])
 
 
 def one_run(
@@ -130,12 +162,15 @@ def one_run(
         driver.stop.set()
         driver.join()
         stats = sim.stats()
+    with (run_dir / "gauges.jsonl").open("w") as out:
+        out.writelines(json.dumps({**r, "at": round(r["at"] - started, 2)}) + "\n" for r in driver.readings)
     switch = driver.switched_at or ended
     at_switch = driver.tokens_at_switch if driver.switched_at else stats["generated_tokens"]
     return PhaseOutcome(
         short_tok_s=at_switch / max(switch - started, 1e-9),
         long_tok_s=(stats["generated_tokens"] - at_switch) / max(ended - switch, 1e-9),
         steady_tok_s=driver.steady_tok_s(),
+        warm_tok_s=driver.warm_tok_s(),
         peak_queue=driver.peak_queue,
         retractions=stats["retracted_requests"],
         seconds=ended - started,
@@ -197,10 +232,10 @@ def main() -> None:
                 )
                 results[setting].append(outcome)
                 phases = (
-                    f"short {outcome.short_tok_s:8.0f} tok/s, long {outcome.long_tok_s:8.0f} tok/s "
-                    f"(steady {outcome.steady_tok_s:.0f})"
+                    f"short {outcome.short_tok_s:8.0f} tok/s (warm {outcome.warm_tok_s:.0f}), "
+                    f"long {outcome.long_tok_s:8.0f} tok/s (steady {outcome.steady_tok_s:.0f})"
                     if args.shift
-                    else f"{outcome.short_tok_s:8.0f} tok/s"
+                    else f"{outcome.short_tok_s:8.0f} tok/s (warm {outcome.warm_tok_s:.0f})"
                 )
                 console.print(
                     f"repeat {repeat + 1} {setting:>8}: {phases}, peak queue {outcome.peak_queue}, "
@@ -214,9 +249,14 @@ def print_table(results: dict[str, list[PhaseOutcome]], args: argparse.Namespace
         return statistics.median(getattr(o, attr) for o in results[setting])
 
     fixed = [s for s in results if s.isdigit()] or list(results)  # no fixed: ratios to itself
-    named = {"short_tok_s": "short", "long_tok_s": "long", "steady_tok_s": "steady"}
+    named = {
+        "short_tok_s": "short",
+        "warm_tok_s": "short warm",
+        "long_tok_s": "long",
+        "steady_tok_s": "steady",
+    }
     if not args.shift:  # one phase: the whole run is in the first
-        named = {"short_tok_s": "run"}
+        named = {"short_tok_s": "run", "warm_tok_s": "warm"}
     oracle = {phase: max(max(med(s, phase) for s in fixed), 1e-9) for phase in named}
     answers = (
         "at a uniform point"

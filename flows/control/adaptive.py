@@ -23,7 +23,10 @@ The rules, checked in this order each tick (about once a second):
    (limit = running x target / usage, both of the same reading) until it falls back. The reading
    may be a second old: scaled by what is in flight now, a cohort that ended since the reading
    took the limit with it (measured on the real SGLang: 79 cut to 24 while 52 ran at 0.96, then
-   five seconds of regrowth). Waiting for ``kv_full`` is too late:
+   five seconds of regrowth). Nor is it a cut of the last cut: long answers keep the cache over
+   the target for many ticks with nothing admitted, and cut again each tick the limit fell from
+   21 to 1 with 13-19 running (the simulator, answers of up to 16,384 tokens), so refills then
+   waited a request life with the cache a third full. Waiting for ``kv_full`` is too late:
    the gauges lag, and on the real SGLang the cache sat at 0.91-0.95 for five seconds before it
    reached 1.0 and retracted. A retraction costs more than its recompute: SGLang then raises its
    own admission estimate (``new_token_ratio``, to as much as 1.0 of every running request's
@@ -326,7 +329,7 @@ class AdaptiveLimit:
             return backed, f"back off: {why}"
         if usage is not None and usage > s.target_kv and obs.in_flight > 0:
             seen = server.running if server is not None and server.running else obs.in_flight
-            over = math.floor(min(current, seen) * s.target_kv / usage)
+            over = math.floor(seen * s.target_kv / usage)
             if over < current:
                 self._slow_start = False
                 return max(over, s.min_limit), f"over target: KV usage {usage:.2f}, no refills until it falls"

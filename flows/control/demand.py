@@ -4,12 +4,13 @@ A request holds its prompt plus its output in the KV cache by the time it ends. 
 count is estimated from its characters (the ratio learned from the server's usage reports, starting
 at 4 characters a token); the output from the lengths of the category's answers so far
 (``lengths.py``), each weighing ``1 - ALPHA`` less per newer answer, after ``PRIOR_ANSWERS`` answers
-at ``max_tokens`` that fade by ``PRIOR_DECAY`` per answer. The prior matters: the first answers
-to come back are the shortest ones (a long answer is still running), so their lengths alone would
-project far too little and open the budget wide at the start of a run. It must also fade: a prior
-held at 20 / (answers + 20), as the mean once had it, still put 6 % of the answers at ``max_tokens``
-after 300, and for a request that had already run long that was a fifth of its chances of running on
-(the projection of answers of spread lengths ran 4-13 % above what came, offline).
+at ``max_tokens`` (or ``lengths.PRIOR_CLIP``, the fewer) that fade by ``PRIOR_DECAY`` per answer.
+The prior matters: the first answers to come back are the shortest ones (a long answer is still
+running), so their lengths alone would project far too little and open the budget wide at the start
+of a run. It must also fade: a prior held at 20 / (answers + 20), as the mean once had it, still put
+6 % of the answers at ``max_tokens`` after 300, and for a request that had already run long that was
+a fifth of its chances of running on (the projection of answers of spread lengths ran 4-13 % above
+what came, offline).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class CategoryDemand:
 
     def lengths(self) -> AnswerLengths:
         """The answers' lengths so far, each weighing ``1 - ALPHA`` less per newer answer, after
-        ``PRIOR_ANSWERS`` at ``max_tokens`` fading by ``PRIOR_DECAY`` per answer (one snapshot between
-        two answers: every request in flight of the category shares it)."""
+        ``PRIOR_ANSWERS`` at ``max_tokens`` (at most ``PRIOR_CLIP``) fading by ``PRIOR_DECAY`` per
+        answer (one snapshot between two answers: every request in flight of the category shares
+        it)."""
         if self._lengths is None:
             prior = PRIOR_ANSWERS * PRIOR_DECAY**self.completions
             self._lengths = AnswerLengths.learn(self.recent, 1.0 - ALPHA, self.max_tokens, prior)

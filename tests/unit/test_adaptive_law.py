@@ -104,6 +104,19 @@ def test_over_the_target_the_cut_scales_what_ran_at_the_reading_not_what_is_left
     assert stale.reason.startswith("over target") and stale.limit == 48  # 52 x 0.90 / 0.96
 
 
+def test_a_cache_that_stays_over_the_target_is_not_cut_again_each_tick() -> None:
+    """Long answers keep the cache over the target for many ticks while nothing is admitted: each
+    tick's cut is what the requests running at the reading allow, not a cut of the last cut (cut
+    again and again, 21 went to 1 in 24 ticks on the simulator with 13-19 running, and refills then
+    waited a request life with the cache at a third)."""
+    law = AdaptiveLimit(LawSettings(initial_limit=21, target_kv=0.9))
+    law._slow_start = False
+    limits = [law.observe(obs(t, server(0.93, 19), 19, per_request=5000)).limit for t in range(1, 11)]
+    assert limits == [18] * 10  # 19 x 0.90 / 0.93: below the 19 running, so no refill
+    later = law.observe(obs(11, server(0.95, 14), 16, per_request=5000))
+    assert later.limit == 13  # 14 x 0.90 / 0.95, below those running now: still no refill
+
+
 def test_a_retraction_backs_off_below_in_flight_and_holds_growth_for_a_request_life() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40, backoff=0.75))
     # first reading: the counter's baseline; answered requests held their slot 12 s

@@ -52,3 +52,17 @@ def test_a_request_past_every_answer_seen_runs_to_the_cap_however_faded_the_prio
     running_on = lengths.at_least(np.array([200.0, 4096.0])) / lengths.longer(np.array([150.0]))
     assert running_on.tolist() == pytest.approx([1.0, 1.0])
     assert shares(lengths, 101)[0] < 1e-4  # and weighs nothing beside the answers seen
+
+
+def test_the_prior_of_a_far_cap_runs_to_the_clip_and_past_it_to_the_cap() -> None:
+    lengths = AnswerLengths.learn([], 0.95, 16384, prior_weight=20.0)
+    # before any answer: every answer to 4,096 (SGLang's clip), a thousandth of one to the cap
+    assert lengths.mean() == pytest.approx(4096 + (16384 - 4096) / 1001)
+    assert shares(lengths, 4096, 4097) == pytest.approx([1.0, 1 / 1001])
+    # a request past the clip is still expected to run to its cap
+    answered = AnswerLengths.learn([500, 1500], 0.95, 16384, prior_weight=5.0)
+    running_on = answered.at_least(np.array([10000.0, 16384.0])) / answered.longer(np.array([5000.0]))
+    assert running_on.tolist() == pytest.approx([1.0, 1.0])
+    assert answered.mean() == pytest.approx(
+        (0.95 * 500 + 1500 + 5 * 4096 + 1e-3 * 16384) / (0.95 + 1 + 5 + 1e-3)
+    )
