@@ -238,6 +238,8 @@ class AdaptiveLimit:
     _last_free_vram: int | None = None
     _turnover: Turnover = field(default_factory=Turnover)
     """Completions and requests in flight averaged over a life: the pace of answers of one length."""
+    _last_modelled: float | None = None
+    """The modelled KV of the requests running at the last tick that learned the occupancy."""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -430,6 +432,14 @@ class AdaptiveLimit:
 
         Read only once answers come back (before, the outlook counts every request at its final
         size while the cache holds prompts only), and never below ``min_occupancy``.
+
+        A reading that lags (SGLang's ``/metrics``: its gauges refresh every ~40 decode steps, and
+        they are polled once a tick) is set against the model of the tick before: set against the
+        model of now it read the cache short by what a tick adds while the batch grows. At the
+        start of a run on the real SGLang the cache grew a tenth of the pool a second and the
+        occupancy learned fell from 1.05 to 0.81 in ten seconds, the budget rose to 1.16 of the pool
+        and the first cohort retracted (every retraction of the law there came then; bench/README,
+        eighteenth session). In a steady state both models are alike.
         """
         s, server, outlook = self.settings, obs.server, obs.outlook
         if (
@@ -442,9 +452,12 @@ class AdaptiveLimit:
             or outlook.tokens_per_s is None
             or outlook.now_tokens <= 0
         ):
+            self._last_modelled = None
             return
         modelled = outlook.now_tokens * min(server.running, obs.in_flight) / obs.in_flight
-        ratio = min(max(server.kv_usage * server.capacity_tokens / modelled, s.min_occupancy), 1.5)
+        previous, self._last_modelled = self._last_modelled, modelled
+        read_against = previous if previous is not None and server.lags else modelled
+        ratio = min(max(server.kv_usage * server.capacity_tokens / read_against, s.min_occupancy), 1.5)
         self._occupancy += s.occupancy_alpha * (ratio - self._occupancy)
 
     def _budget_tokens(self, obs: Observation) -> float | None:

@@ -52,6 +52,12 @@ class ServerSample:
     DP ranks (SGLang's ``/v1/loads`` counters, 0.5.2x): between two readings, the share of the time
     the server computed, whatever its queue and cache say."""
 
+    @property
+    def lags(self) -> bool:
+        """Whether the reading is about a tick old: SGLang refreshes its ``/metrics`` gauges only every
+        ~40 decode steps; its ``/v1/loads`` and vLLM's gauges are read as they are now."""
+        return self.source == "sglang-metrics"
+
 
 LOAD_METRICS = frozenset(
     {

@@ -224,6 +224,29 @@ def test_a_batch_that_has_only_just_started_does_not_teach_a_low_occupancy() -> 
     assert second.occupancy is not None and 0.9 < second.occupancy < 1.0  # learns, slowly, never below 0.5
 
 
+@pytest.mark.parametrize("source", ["sglang-metrics", "vllm-metrics"])
+def test_a_reading_is_set_against_the_model_of_its_time_while_the_batch_grows(source: str) -> None:
+    """SGLang's gauges show what the cache held at the tick before (they refresh every ~40 decode
+    steps): while the batch grows, set against the model of now they would read the cache short and
+    open the budget past the pool. vLLM's are read as they are. A cache that truly holds less than
+    modelled (a shared prefix) is still learned."""
+    law = AdaptiveLimit(LawSettings(initial_limit=30))
+    lags = source == "sglang-metrics"
+    held = 30 * 75.0
+    for tick in range(12):  # every request grows by 25 tokens a tick: the cache by 7-25 % a tick
+        per_request = 100.0 + 25.0 * tick
+        held = held if lags else per_request * 30
+        reading = replace(server(held / CAPACITY, 30), source=source)
+        decision = law.observe(obs(tick, reading, 30, per_request=per_request))
+        held = per_request * 30  # what the next lagging reading will show
+    assert decision.occupancy is not None and 0.99 < decision.occupancy < 1.01  # neither short nor long
+    assert decision.budget_tokens is not None and decision.budget_tokens <= PEAK * CAPACITY / 0.99
+    for tick in range(12, 60):  # the batch stops growing; the cache holds 0.8 of the model
+        reading = replace(server(0.8 * held / CAPACITY, 30), source=source)
+        decision = law.observe(obs(tick, reading, 30, per_request=per_request))
+    assert decision.occupancy is not None and 0.79 < decision.occupancy < 0.82
+
+
 def test_above_the_last_back_off_it_probes_each_quarter_request_life_one_request_then_twice_as_many() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40, backoff=0.75))
     law.observe(obs(0, server(0.7, 40, retracted=0), 40, rate=2.0, life=20.0))  # requests live 20 s

@@ -61,8 +61,9 @@ def test_replay_is_deterministic_bounded_and_backs_off_on_every_retraction() -> 
 
 OUTLOOK_RUN = RECORDED.with_name("sglang_0.5.23_outlook_300.parquet")
 """The same workload recorded with the outlook's budget (the timeline of a `--settings adaptive` run of
-`bench.adaptive_concurrency --keep DIR`, 2026-12-02, re-recorded when the credit became redone at
-every end): one retraction in it, answers of spread lengths (so unpaced)."""
+`bench.adaptive_concurrency --prompts 300 --keep DIR`, re-recorded 2026-12-03 when the occupancy
+began to read SGLang's lagging gauges against the model of the tick before): one retraction in it,
+answers of spread lengths (so unpaced)."""
 
 
 def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None:

@@ -94,7 +94,7 @@ def test_the_tally_counts_what_the_written_rows_say(tmp_path: Path) -> None:
         min_limit=min(r["limit"] for r in rows),
         max_limit=max(r["limit"] for r in rows),
     )
-    assert tally.back_offs == 1 and tally.retractions >= 1 and tally.changes > 5
+    assert tally.back_offs == 1 and tally.retractions >= 1 and tally.changes >= 3
 
 
 def test_a_resumed_run_reads_the_earlier_starts_first_including_a_file_of_an_earlier_release(
