@@ -111,12 +111,12 @@ class EndpointController:
         return decision
 
     async def aclose(self) -> None:
-        """A last reading of the server's busy counter, so the report's share spans the whole run (a
-        run shorter than ten polls has no share otherwise), then the readers are closed."""
-        if self.reader.counts_busy is not False:
-            busy = await self.reader.busy_us()
-            if busy is not None:
-                self.busy.add(time.monotonic(), busy)
+        """A last reading of the server's busy counter, so the report's share spans the whole run, to
+        its last second, then the readers are closed."""
+        if self.reader.has_loads is not False:
+            loads = await self.reader.loads()
+            if loads is not None and loads.busy_us is not None:
+                self.busy.add(time.monotonic(), loads.busy_us)
         await self.reader.aclose()
         if self.vram is not None:
             await self.vram.aclose()

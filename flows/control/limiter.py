@@ -94,8 +94,11 @@ class Lane(Generic[T]):
     def read_server(self, now: float, sample: ServerSample | None) -> None:
         """Advance the decode clock to ``now`` with the server's reading (None: unread)."""
         throughput = sample.decode_tokens_per_s if sample is not None else None
-        running = sample.running if sample is not None else None
-        self.clock.observe(now, throughput, running, self.answered_tokens_per_s)
+        running = steps = None
+        if sample is not None:  # the requests the rate was measured over
+            running = sample.decode_running if sample.decode_running is not None else sample.running
+            steps = sample.decode_steps
+        self.clock.observe(now, throughput, running, self.answered_tokens_per_s, steps)
 
     @property
     def output_spread(self) -> float | None:
@@ -112,7 +115,7 @@ class Lane(Generic[T]):
         clock's advance since its admission), for the budget's outlook."""
         clock = self.clock.reading(now)
         return [
-            footprint.flight(now - admitted, clock - stamp)
+            footprint.flight(now - admitted, max(clock - stamp, 0.0))
             for footprint, (admitted, stamp) in self.footprints.items()
         ]
 

@@ -5,6 +5,14 @@ is the only part that does I/O. It polls about once a second: on a 2-core machin
 ``/metrics`` and ``/v1/loads`` at 10 Hz slowed SGLang about 12x. Every signal is optional: a server
 without ``--enable-metrics`` falls back to ``/v1/loads`` (SGLang 0.5.8+), and a server with neither
 leaves the law with the client's own counts, after one warning that says how to enable metrics.
+
+On SGLang both are read each poll: ``/metrics`` for the counters (retractions, generated tokens) and
+the decode rate, ``/v1/loads`` for the load now. SGLang 0.5.23 refreshes its ``/metrics`` gauges when
+it logs a batch, every 40 decode steps, and publishes the snapshot ``/v1/loads`` reads (shared memory,
+read by the HTTP process: the scheduler is not asked) every 15 decode steps and at every prefill
+(``--load-snapshot-publish-interval``). At the start of a run on the CPU SGLang the cache grew a tenth
+of the pool a second while the gauges were up to 2 s old: the law read 0.72-0.84 at the retractions
+(bench/README, eighteenth session).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ class ServerSample:
     """One reading of a server's load. ``None``: the server does not say."""
 
     source: str
-    """``sglang-metrics``, ``vllm-metrics`` or ``sglang-loads``."""
+    """``sglang-metrics``, ``vllm-metrics``, ``sglang-loads``, or ``sglang-metrics+loads`` (both)."""
     kv_usage: float | None = None
     """Share of the KV pool in use, 0..1 (SGLang: excludes evictable prefix cache)."""
     running: int | None = None
@@ -46,7 +54,14 @@ class ServerSample:
     SGLang counts an answer's tokens when it ends)."""
     decode_tokens_per_s: float | None = None
     """Output tokens per second over the server's last decode steps (SGLang's ``gen_throughput``):
-    over ``running``, how fast each request decodes now (``decode_clock.py``)."""
+    over the requests that ran then, how fast each request decodes now (``decode_clock.py``)."""
+    decode_running: int | None = None
+    """The requests running when ``decode_tokens_per_s`` was measured, where that is not ``running``
+    (SGLang's two readings in one: the rate from ``/metrics``, the load from ``/v1/loads``)."""
+    decode_steps: float | None = None
+    """Decode steps the scheduler ran since it started, the mean over DP ranks (SGLang's ``/v1/loads``,
+    0.5.2x): each running request makes one token a step, so between two readings their difference
+    is what every request running all the while made (``decode_clock.py``)."""
     busy_us: float | None = None
     """Microseconds the scheduler spent in decode and prefill steps since it started, the mean over
     DP ranks (SGLang's ``/v1/loads`` counters, 0.5.2x): between two readings, the share of the time
@@ -168,6 +183,7 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
     used = sum(float(e.get("num_used_tokens", 0)) for e in loads)
     capacity = sum(int(e.get("max_total_num_tokens", 0)) for e in loads)
     busy = [_busy_us(e) for e in loads]
+    steps = [_decode_steps(e) for e in loads]
     return ServerSample(
         source="sglang-loads",
         kv_usage=used / capacity if capacity else None,
@@ -177,6 +193,26 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
         decode_tokens_per_s=_sum_of(loads, "gen_throughput"),
         busy_us=None if None in busy else sum(b for b in busy if b is not None) / len(busy),
+        decode_steps=None if None in steps else sum(n for n in steps if n is not None) / len(steps),
+    )
+
+
+def with_loads(metrics: ServerSample, loads: ServerSample | None) -> ServerSample:
+    """SGLang's two readings as one: the load (KV usage, running, queued) as ``/v1/loads`` says it,
+    a snapshot 15 decode steps old at most against the gauges' 40; the counters and the decode rate
+    (with the requests it was measured over) from ``/metrics``. ``loads`` None: the gauges alone."""
+    if loads is None:
+        return metrics
+    return replace(
+        metrics,
+        source="sglang-metrics+loads",
+        kv_usage=loads.kv_usage if loads.kv_usage is not None else metrics.kv_usage,
+        running=loads.running,
+        queued=loads.queued,
+        max_running=loads.max_running,
+        decode_running=metrics.running,
+        decode_steps=loads.decode_steps,
+        busy_us=loads.busy_us,
     )
 
 
@@ -198,6 +234,15 @@ def _busy_us(load: dict[str, Any]) -> float | None:
     return float(prefill) + float(decode)
 
 
+def _decode_steps(load: dict[str, Any]) -> float | None:
+    """One rank's decode steps so far: ``decode_moments[0]`` (absent before the first decode step: 0);
+    None where the server has no such counters (before 0.5.2x)."""
+    if not isinstance(load.get("total_prefill_busy_us"), int | float):
+        return None
+    moments = load.get("decode_moments")
+    return float(moments[0]) if isinstance(moments, list) and moments else 0.0
+
+
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
@@ -208,20 +253,14 @@ METRICS_HINT = (
 )
 
 
-BUSY_EVERY_READS = 10
-"""With ``/metrics`` as the source, SGLang's busy counter (``/v1/loads``) is read once every this many
-reads: it is cumulative, so reading it seldom loses nothing but resolution, and each read is a request
-the server's one scheduler thread answers."""
-
-
 class SignalReader:
     """Reads one endpoint's load: ``/metrics`` first, ``/v1/loads`` where metrics are not served.
 
     Which source answers is found once and kept; a source that stops answering is looked for again
     at the next read. Failures (a restarting server) read as ``None``: the law then holds or uses
-    the client's own counts, and the endpoint guard deals with the outage. Every
-    ``BUSY_EVERY_READS``-th read also carries the server's busy counter where it has one (SGLang
-    0.5.2x); a server that answers without it (vLLM, older SGLang) is not asked again.
+    the client's own counts, and the endpoint guard deals with the outage. With ``/metrics`` as the
+    source, ``/v1/loads`` is read too (``with_loads``) where the server has it; a server that
+    answers without it (vLLM, SGLang before 0.5.8) is not asked again.
     """
 
     def __init__(
@@ -232,7 +271,7 @@ class SignalReader:
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, verify=tls_context(ca_bundle))
         self._source: str | None = None
         self._warned = False
-        self._counts_busy: bool | None = None
+        self._has_loads: bool | None = None
         self.read_seconds = 0.0
         """Wall time spent reading signals, so the cost of polling is measured, not guessed."""
         self.reads = 0
@@ -244,12 +283,8 @@ class SignalReader:
                 sample = await self._read(source)
                 if sample is not None:
                     self._source = source
-                    if (
-                        source == "metrics"
-                        and self._counts_busy is not False
-                        and self.reads % BUSY_EVERY_READS == 0
-                    ):
-                        sample = replace(sample, busy_us=await self.busy_us())
+                    if source == "metrics" and self._has_loads is not False:
+                        sample = with_loads(sample, await self.loads())
                     return sample
             self._source = None
             self._warn_once()
@@ -271,13 +306,13 @@ class SignalReader:
             return None
 
     @property
-    def counts_busy(self) -> bool | None:
-        """Whether the server has a busy counter: None until it answered ``/v1/loads``."""
-        return self._counts_busy
+    def has_loads(self) -> bool | None:
+        """Whether the server serves ``/v1/loads``: None until it answered."""
+        return self._has_loads
 
-    async def busy_us(self) -> float | None:
-        """The busy counter from ``/v1/loads``. A server that answers without one, or without the
-        route, is not asked again; one that cannot answer now (a restart) is asked next time."""
+    async def loads(self) -> ServerSample | None:
+        """``/v1/loads``, where the server has it. A server that answers without the route is not asked
+        again; one that cannot answer now (a restart) is asked next time."""
         try:
             response = await self._http.get(f"{self.url}/v1/loads")
             if response.status_code >= 500:
@@ -287,9 +322,8 @@ class SignalReader:
             return None
         except ValueError:  # not JSON: a server of another kind
             loads = None
-        busy = loads.busy_us if loads is not None else None
-        self._counts_busy = busy is not None
-        return busy
+        self._has_loads = loads is not None
+        return loads
 
     def _warn_once(self) -> None:
         if not self._warned:

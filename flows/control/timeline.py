@@ -48,6 +48,8 @@ SAMPLE_COLUMNS = (
     "preemptions_total",
     "generation_tokens_total",
     "decode_tokens_per_s",
+    "decode_running",
+    "decode_steps",
 )
 """The server sample's fields a decision does not already carry (it has the usage, running, queued)."""
 

@@ -49,8 +49,8 @@ async def test_a_config_without_a_number_runs_adaptive_fills_the_cache_and_never
     assert max(row["kv_usage"] or 0.0 for row in timeline) >= 0.6  # and used the cache
     queued = [row["queued"] or 0 for row in timeline]
     assert max(queued) <= 40, queued  # a fixed 256 would queue hundreds here
-    assert {row["source"] for row in timeline} == {"sglang-metrics"}
-    # the server's own busy counter (/v1/loads), read every tenth poll, in the report's numbers
+    assert {row["source"] for row in timeline} == {"sglang-metrics+loads"}
+    # the server's own busy counter (/v1/loads) in the report's numbers
     (endpoint,) = json.loads((tmp_path / "adaptive" / "summary.json").read_text())["concurrency"]["endpoints"]
     assert 0.05 < endpoint["server_busy"] <= 1.0, endpoint
     # Few retractions, not none: the same code gave 2-9 in six runs on these 2 cores (the bound of 6

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
-from flows.control.signals import ServerSample, parse_loads, parse_metrics, with_pool
+import httpx
+
+from flows.control.signals import (
+    ServerSample,
+    SignalReader,
+    parse_loads,
+    parse_metrics,
+    with_loads,
+    with_pool,
+)
 from sglang_launch.probe import kv_capacity, kv_page_tokens
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -124,3 +134,66 @@ def test_sglang_says_its_page_size_in_its_server_info() -> None:
     assert kv_page_tokens(info) == 1 and kv_capacity(info) == 4096
     assert kv_page_tokens({"page_size": 64}) == 64
     assert kv_page_tokens({}) is None and kv_page_tokens(None) is None
+
+
+def test_sglang_load_now_from_v1_loads_and_the_counters_and_rate_from_metrics() -> None:
+    metrics = parse_metrics(_text("sglang-0.5.23/metrics_after_retraction.prom"))
+    loads = parse_loads(json.loads(_text("sglang-0.5.23/v1_loads_load.json")))
+    assert metrics is not None and loads is not None
+    both = with_loads(metrics, loads)
+    assert both.source == "sglang-metrics+loads" and not both.lags and metrics.lags
+    # the load as the snapshot says it (15 decode steps old at most, the gauges 40)
+    assert (both.kv_usage, both.running, both.queued) == (3796 / 4096, 8, 56)
+    assert both.max_running == 16 and both.busy_us == loads.busy_us
+    assert both.decode_steps == 273.0  # decode_moments[0]: a token per running request each step
+    # the counters, and the decode rate with the requests it was measured over, from /metrics
+    assert (both.preemptions_total, both.generation_tokens_total) == (1.0, 2257.0 + 16.0)
+    assert (both.decode_tokens_per_s, both.decode_running) == (metrics.decode_tokens_per_s, 10)
+    assert with_loads(metrics, None) is metrics
+
+
+class _Server:
+    """An endpoint's ``/metrics`` and ``/v1/loads`` answers, counting what was asked."""
+
+    def __init__(self, metrics: str, loads: list[httpx.Response]) -> None:
+        self.metrics, self.loads, self.asked = metrics, loads, {"/metrics": 0, "/v1/loads": 0}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.asked[request.url.path] += 1
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=self.metrics)
+        return self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
+
+
+async def _reads(server: _Server, times: int) -> list[ServerSample | None]:
+    reader = SignalReader("http://server")
+    reader._http = httpx.AsyncClient(transport=httpx.MockTransport(server))
+    try:
+        return [await reader.read() for _ in range(times)]
+    finally:
+        await reader.aclose()
+
+
+def test_a_server_without_v1_loads_is_not_asked_again_and_reads_its_metrics() -> None:
+    vllm = _Server(
+        _text("vllm-0.32.0/metrics_load_kvfull_queue.prom"),
+        [httpx.Response(404, json={"detail": "Not Found"})],
+    )
+    samples = asyncio.run(_reads(vllm, 3))
+    assert [s.source if s else None for s in samples] == ["vllm-metrics"] * 3
+    assert vllm.asked == {"/metrics": 3, "/v1/loads": 1}
+
+
+def test_sglang_is_read_both_ways_each_poll_and_a_failed_snapshot_leaves_the_gauges() -> None:
+    load = json.loads(_text("sglang-0.5.23/v1_loads_load.json"))
+    sglang = _Server(
+        _text("sglang-0.5.23/metrics_after_retraction.prom"),
+        [httpx.Response(200, json=load), httpx.Response(503), httpx.Response(200, json=load)],
+    )
+    samples = asyncio.run(_reads(sglang, 3))
+    assert [s.source if s else None for s in samples] == [
+        "sglang-metrics+loads",
+        "sglang-metrics",  # a restarting server's 503: the gauges alone, and asked again next poll
+        "sglang-metrics+loads",
+    ]
+    assert sglang.asked == {"/metrics": 3, "/v1/loads": 3}

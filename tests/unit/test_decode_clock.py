@@ -56,3 +56,25 @@ def test_the_outlook_projects_from_what_each_request_has_made_not_from_its_age()
     assert far.peaks[4:] == (0.0,) * (len(far.peaks) - 4)
     # counted by its age (200 made) it runs 8 s more: freed in slice 26, not 4
     assert by_age.peaks[25] == pytest.approx(1100.0, rel=1e-3) and by_age.peaks[26] == 0.0
+
+
+def test_where_the_server_counts_its_decode_steps_the_clock_is_that_count_whatever_the_gauge_says() -> None:
+    """SGLang's gauge said 130-170 tokens a second per request (8 ran when it was refreshed) for 2-3 s
+    while 64 ran at about 27: a request admitted then was counted at its max_tokens within a second."""
+    clock = DecodeClock()
+    clock.observe(0.0, throughput=1200.0, running=8, fallback=None, steps=100.0)  # 150 each: stale
+    assert clock.server_rate is None  # not the gauge's: the rate is known once two counts are
+    admitted = clock.reading(0.5)
+    clock.observe(1.0, throughput=1200.0, running=8, fallback=None, steps=127.0)
+    # the count: 27 steps in the second, and that rate until the next reading
+    assert clock.reading(1.0) == pytest.approx(27.0) and clock.server_rate == pytest.approx(27.0)
+    clock.observe(3.0, throughput=1200.0, running=8, fallback=None, steps=181.0)
+    assert clock.reading(3.0) - admitted == pytest.approx(81.0)  # what a request running all along made
+    assert clock.reading(3.5) == pytest.approx(81.0 + 13.5)
+    # an idle server runs no steps: the clock stands still
+    clock.observe(5.0, throughput=None, running=0, fallback=40.0, steps=181.0)
+    assert clock.reading(6.0) == pytest.approx(clock.reading(5.0)) == pytest.approx(81.0)
+    # a restarted server's count starts again: no advance from it, counted again from there
+    clock.observe(6.0, throughput=None, running=3, fallback=40.0, steps=2.0)
+    clock.observe(7.0, throughput=None, running=3, fallback=40.0, steps=32.0)
+    assert clock.server_rate == pytest.approx(30.0)
