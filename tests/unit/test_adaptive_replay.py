@@ -82,6 +82,25 @@ def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None
     assert all(d.pace_per_s is None for d in replayed)  # lengths of 64 and 256 tokens: unpaced
 
 
+LOADS_RUN = RECORDED.with_name("sglang_0.5.23_loads_300.parquet")
+"""The same workload recorded 2026-12-04 with SGLang read both ways each tick (`/metrics` for the
+counters, `/v1/loads` for the load and the decode steps that run the decode clock): no retraction."""
+
+
+def test_a_run_recorded_with_the_loads_and_the_step_clock_replays_decision_for_decision() -> None:
+    rows = pq.read_table(LOADS_RUN).to_pylist()
+    assert {r["source"] for r in rows} == {"sglang-metrics+loads"}
+    steps = [r["decode_steps"] for r in rows]
+    assert steps == sorted(steps) and steps[-1] > steps[0] > 0  # the server's own step count
+    law = AdaptiveLimit(law_settings(ConcurrencyConfig()))
+    replayed = [law.observe(observation_from_row(row)) for row in rows]
+    assert [(d.limit, d.credit, d.pace_per_s) for d in replayed] == [
+        (r["limit"], r["credit"], r["pace_per_s"]) for r in rows
+    ]
+    assert sum(r["retractions"] for r in rows) == 0
+    assert any(r["credit"] == 0 and r["waiting"] for r in rows)
+
+
 @pytest.mark.parametrize("lengths", [None, AnswerLengths.learn([64, 200, 256, 256], 0.95, 256, 1.0)])
 def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given(
     tmp_path: Path, lengths: AnswerLengths | None
