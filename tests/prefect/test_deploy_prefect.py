@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from conftest import ApiPost
+from conftest import ApiPost, prefect_api
 from pipeline_support import check_run, datagen, kill_group, rows_on_disk, write_config, write_prompts
 
 from flows.orchestration.deploy import SCHEDULED_FLOW
@@ -198,7 +197,7 @@ def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(
         "fresh_run_names": False,
         "part": None,
     }
-    started = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10)
+    started = prefect_api("POST", f"{api}/deployments/{deployment['id']}/create_flow_run", json={})
     started.raise_for_status()
 
     elsewhere = tmp_path / "worker"
@@ -215,6 +214,6 @@ def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(
     assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
     check = check_run(here / "out" / "pooled")  # the relative output_dir is where `deploy` ran
     assert len(check.row_ids) == 10 and check.duplicates == 0
-    run = httpx.get(f"{api}/flow_runs/{started.json()['id']}", timeout=10).json()
+    run = prefect_api("GET", f"{api}/flow_runs/{started.json()['id']}").json()
     assert run["state_type"] == "COMPLETED"
     assert run["state"]["message"] == "run pooled now has 10 rows and 0 rejects (+10 rows in this firing)"

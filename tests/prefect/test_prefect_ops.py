@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from conftest import prefect_api
 from pipeline_support import check_run, datagen, kill_group, wait_for_rows, write_config, write_prompts
 
 from flows.orchestration.server import PrefectServer
@@ -54,7 +54,7 @@ def test_kill_9_is_marked_crashed_and_the_same_command_retries_that_flow_run(
     assert len(top) == 1, "the resume is the same flow run, retried, not a stranger of the same name"
     (run,) = top
     assert run["state_type"] == "COMPLETED" and run["run_count"] == 2
-    states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": run["id"]}, timeout=10).json()
+    states = prefect_api("GET", f"{api}/flow_run_states/", params={"flow_run_id": run["id"]}).json()
     assert "CRASHED" in [s["type"] for s in states]
     assert not [r for r in runs if r["state_type"] in ("RUNNING", "PENDING")]
     tasks = api_post("task_runs/filter")
@@ -104,7 +104,7 @@ def test_a_dead_run_is_marked_crashed_by_the_heartbeat_automation_without_a_new_
             wait_for_rows(tmp_path / "zombie", 20, first, timeout_s=180)
         finally:
             kill_group(first)
-        automations = httpx.post(f"{api}/automations/filter", json={}, timeout=10).json()
+        automations = prefect_api("POST", f"{api}/automations/filter", json={}).json()
         assert [a["name"] for a in automations].count("datagen: mark dead flow runs Crashed") == 1
         killed_at = time.monotonic()
         deadline = killed_at + 240
