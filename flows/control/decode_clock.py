@@ -79,8 +79,8 @@ class DecodeClock:
         self._tokens = self.reading(at)
         self._at = at
         last, self._steps = self._steps, None
-        counted = steps is not None and last is not None and steps >= last[1] and at > last[0]
-        if counted and steps is not None and last is not None:  # (not a restarted server)
+        if steps is not None and last is not None and steps >= last[1] and at > last[0]:
+            # counted since the last reading (steps going back: a restarted server)
             self._tokens = last[2] + steps - last[1]
             self.server_rate = (steps - last[1]) / (at - last[0])
         elif steps is None and throughput is not None and throughput > 0 and running:

@@ -182,8 +182,6 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         return None
     used = sum(float(e.get("num_used_tokens", 0)) for e in loads)
     capacity = sum(int(e.get("max_total_num_tokens", 0)) for e in loads)
-    busy = [_busy_us(e) for e in loads]
-    steps = [_decode_steps(e) for e in loads]
     return ServerSample(
         source="sglang-loads",
         kv_usage=used / capacity if capacity else None,
@@ -192,8 +190,8 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         capacity_tokens=capacity or None,
         max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
         decode_tokens_per_s=_sum_of(loads, "gen_throughput"),
-        busy_us=None if None in busy else sum(b for b in busy if b is not None) / len(busy),
-        decode_steps=None if None in steps else sum(n for n in steps if n is not None) / len(steps),
+        busy_us=_mean_over_ranks([_busy_us(e) for e in loads]),
+        decode_steps=_mean_over_ranks([_decode_moment(e, 0) for e in loads]),
     )
 
 
@@ -222,25 +220,26 @@ def _sum_of(loads: list[dict[str, Any]], key: str) -> float | None:
     return sum(values) if values else None
 
 
-def _busy_us(load: dict[str, Any]) -> float | None:
-    """One rank's decode and prefill step time so far: ``decode_moments`` is [steps, sum of batch
-    sizes, sum of step µs, ...] (absent before the first decode step); None where the server does not
-    count its prefill time (before 0.5.2x)."""
-    prefill = load.get("total_prefill_busy_us")
-    if not isinstance(prefill, int | float):
-        return None
-    moments = load.get("decode_moments")
-    decode = moments[2] if isinstance(moments, list) and len(moments) > 2 else 0.0
-    return float(prefill) + float(decode)
-
-
-def _decode_steps(load: dict[str, Any]) -> float | None:
-    """One rank's decode steps so far: ``decode_moments[0]`` (absent before the first decode step: 0);
-    None where the server has no such counters (before 0.5.2x)."""
+def _decode_moment(load: dict[str, Any], index: int) -> float | None:
+    """One rank's ``decode_moments[index]``: the moments are [steps, sum of batch sizes, sum of step
+    µs, ...] (absent before the first decode step: 0); None where the server has no such counters
+    (before 0.5.2x, which also counts its prefill time)."""
     if not isinstance(load.get("total_prefill_busy_us"), int | float):
         return None
     moments = load.get("decode_moments")
-    return float(moments[0]) if isinstance(moments, list) and moments else 0.0
+    return float(moments[index]) if isinstance(moments, list) and len(moments) > index else 0.0
+
+
+def _busy_us(load: dict[str, Any]) -> float | None:
+    """One rank's decode and prefill step time so far."""
+    decode = _decode_moment(load, 2)
+    return None if decode is None else float(load["total_prefill_busy_us"]) + decode
+
+
+def _mean_over_ranks(values: list[float | None]) -> float | None:
+    """The ranks' mean of a per-rank counter; None where any rank lacks it (an older server)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known and len(known) == len(values) else None
 
 
 def _int(value: float | None) -> int | None:
