@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from flows.control.lengths import AnswerLengths
+from flows.control.lengths import AnswerLengths, Floats
+from flows.control.outlook import Cohort
 
 CHARS_PER_TOKEN = 4.0
 ALPHA = 0.05
@@ -30,6 +32,7 @@ the short ones first) it weighs about what 20 / (answers + 20) did, then it is g
 200, 0.03 % after 400). Faded as fast as the answers' own weights (0.95), it left the first
 requests' young ones to end early: twice the retractions in the first 10 s of a run on the real
 SGLang (bench/README.md, fifteenth session)."""
+Chars = TypeVar("Chars", float, Floats)
 RECENT_ANSWERS = 128
 """Answers kept for the lengths' distribution: at ``ALPHA`` the oldest weighs 0.1 % of the newest."""
 
@@ -56,8 +59,22 @@ class CategoryDemand:
             self._lengths = AnswerLengths.learn(self.recent, 1.0 - ALPHA, self.max_tokens, prior)
         return self._lengths
 
-    def prompt_tokens(self, prompt_chars: int) -> float:
+    def prompt_tokens(self, prompt_chars: Chars) -> Chars:
+        """Tokens the server will count for prompts of this many characters (an array: each's)."""
         return prompt_chars / self.chars_per_token
+
+    def cohort(self, prompt_chars: Floats, age_s: Floats, made_tokens: Floats) -> Cohort:
+        """This category's requests in flight for the outlook, from their prompts' characters, ages
+        and tokens made: read afresh at every projection, since what it expects is learned while
+        they run."""
+        return Cohort(
+            self.prompt_tokens(prompt_chars),
+            age_s,
+            made_tokens,
+            self.expected_output(),
+            self.max_tokens,
+            self.lengths(),
+        )
 
     def learn(self, prompt_chars: int, prompt_tokens: int, completion_tokens: int) -> None:
         self.completions += 1

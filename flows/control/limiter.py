@@ -14,9 +14,12 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Generic, Protocol, TypeVar
 
+import numpy as np
+
 from flows.control.decode_clock import DecodeClock
+from flows.control.demand import CategoryDemand
 from flows.control.limit import Limit
-from flows.control.outlook import Flight, Outlook, project
+from flows.control.outlook import Cohort, Outlook, project
 from flows.control.pacer import Pacer
 from flows.control.signals import ServerSample
 
@@ -27,10 +30,14 @@ LIFE_ALPHA = 0.05
 
 
 class Footprint(Protocol):
-    """What a request will hold in the KV cache (a prompt's ``Demand``), read afresh at every tick:
-    its category's expected output is learned while it runs."""
+    """What a request will hold in the KV cache (a prompt's ``Demand``): its prompt, and its
+    category's expectations, read afresh at every projection (they are learned while it runs)."""
 
-    def flight(self, age_s: float, made_tokens: float) -> Flight: ...
+    @property
+    def model(self) -> CategoryDemand: ...
+
+    @property
+    def prompt_chars(self) -> int: ...
 
 
 class Lane(Generic[T]):
@@ -40,9 +47,10 @@ class Lane(Generic[T]):
         self.endpoint = endpoint
         self.limit = limit
         self.in_flight = 0
-        self.footprints: dict[Footprint, tuple[float, float]] = {}
-        """This lane's requests in flight that the token budget counts, each with when it was admitted
-        and the decode clock then."""
+        self.footprints: dict[int, tuple[CategoryDemand, dict[Footprint, tuple[int, float, float]]]] = {}
+        """This lane's requests in flight that the token budget counts, by category (the key: its
+        model's id), each with its prompt's characters, when it was admitted and the decode clock
+        then: kept as rows ready for the projection's columns."""
         self.clock = DecodeClock()
         """Tokens a running request has made: each footprint's progress since its admission."""
         self.completed = 0
@@ -89,7 +97,15 @@ class Lane(Generic[T]):
 
     def admit(self, footprint: Footprint, now: float) -> None:
         """Count a request admitted now in the token budget."""
-        self.footprints[footprint] = (now, self.clock.reading(now))
+        model = footprint.model
+        rows = self.footprints.setdefault(id(model), (model, {}))[1]
+        rows[footprint] = (footprint.prompt_chars, now, self.clock.reading(now))
+
+    def forget(self, footprint: Footprint) -> None:
+        """Stop counting a request that ended."""
+        rows = self.footprints.get(id(footprint.model))
+        if rows is not None:
+            rows[1].pop(footprint, None)
 
     def read_server(self, now: float, sample: ServerSample | None) -> None:
         """Advance the decode clock to ``now`` with the server's reading (None: unread)."""
@@ -110,19 +126,22 @@ class Lane(Generic[T]):
         variance = max(self._tokens_squared - self._tokens**2, 0.0)
         return math.sqrt(variance) / self._tokens
 
-    def flights(self, now: float) -> list[Flight]:
-        """The counted requests in flight, each with its age and the tokens it has made (the decode
-        clock's advance since its admission), for the budget's outlook."""
+    def cohorts(self, now: float) -> list[Cohort]:
+        """The counted requests in flight by category, each with its age and the tokens it has made
+        (the decode clock's advance since its admission), for the budget's outlook."""
         clock = self.clock.reading(now)
-        return [
-            footprint.flight(now - admitted, max(clock - stamp, 0.0))
-            for footprint, (admitted, stamp) in self.footprints.items()
-        ]
+        cohorts = []
+        for model, rows in self.footprints.values():
+            if not rows:
+                continue
+            chars, admitted, stamps = np.array(list(rows.values()), dtype=np.float64).T
+            cohorts.append(model.cohort(chars, now - admitted, np.maximum(clock - stamps, 0.0)))
+        return cohorts
 
     def outlook(self, now: float) -> Outlook | None:
         """What the counted requests in flight will hold over a newcomer's life (``outlook.py``)."""
         pad = (self.block_tokens - 1) / 2 if self.block_tokens else 0.0
-        return project(self.flights(now), self.tokens_per_s, pad_tokens=pad)
+        return project(self.cohorts(now), self.tokens_per_s, pad_tokens=pad)
 
     def redo_credit(self, now: float) -> None:
         """The credit again, once spent, from the requests in flight now and the last decision's
@@ -233,7 +252,7 @@ class Limiter(Generic[T]):
         async with self._changed:
             lane.in_flight -= 1
             if footprint is not None:
-                lane.footprints.pop(footprint, None)
+                lane.forget(footprint)
                 lane.redo_credit(time.monotonic())
             self._changed.notify_all()
 

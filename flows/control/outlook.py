@@ -21,10 +21,11 @@ the law saw).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from flows.control.lengths import AnswerLengths, Floats
 
@@ -34,21 +35,34 @@ EPSILON_TOKENS = 1e-6
 """A request is counted as still running at the very moment it reaches its length (the largest it
 holds), whatever the rounding of the time at which the projection reaches it."""
 
+Indices = npt.NDArray[np.intp]
 
-@dataclass(frozen=True)
-class Flight:
-    """One request in flight, as the projection sees it."""
 
-    prompt_tokens: float
+@dataclass(frozen=True, eq=False)
+class Cohort:
+    """The requests in flight of one category, as the projection sees them: one column entry per
+    request, what the category expects of them once. Columns, not an object per request: a
+    projection runs at every release while the budget binds, and building one object per request
+    in flight cost 4 µs each (7 ms at 1,024 in flight, most of the projection)."""
+
+    prompt_tokens: Floats
+    age_s: Floats
+    made_tokens: Floats | None
+    """Output tokens each has made so far (``decode_clock.py``); None: its age at the projection's rate."""
     output_tokens: float
-    """Its category's expected output (learned online, ``demand.py``)."""
+    """The category's expected output (learned online, ``demand.py``)."""
     max_output: int
-    age_s: float
     lengths: AnswerLengths | None = None
-    """Its category's answers' lengths (``lengths.py``); None: a single step, at ``output_tokens`` or
+    """The category's answers' lengths (``lengths.py``); None: a single step, at ``output_tokens`` or
     past it halfway to ``max_output`` (``expected_final_output``)."""
-    made_tokens: float | None = None
-    """Output tokens it has made so far (``decode_clock.py``); None: its age at the projection's rate."""
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    def made(self, tokens_per_s: float) -> Floats:
+        """The output tokens each has made, at most ``max_output``."""
+        made = self.age_s * tokens_per_s if self.made_tokens is None else self.made_tokens
+        return np.minimum(made, self.max_output)
 
 
 @dataclass(frozen=True)
@@ -121,16 +135,16 @@ class Outlook:
         return max(min(rates), 0.0)
 
 
-def expected_final_output(flight: Flight, done: float) -> float:
-    """Where no lengths are known (``Flight.lengths`` None), one step at the category's expected
+def expected_final_output(output_tokens: float, max_output: int, done: float) -> float:
+    """Where no lengths are known (``Cohort.lengths`` None), one step at the category's expected
     output; past it, halfway between what it made and its ``max_tokens`` (the only bound known); a
     request at its cap ends now."""
-    if done < flight.output_tokens:
-        return flight.output_tokens
-    return max(done, (done + flight.max_output) / 2)
+    if done < output_tokens:
+        return output_tokens
+    return max(done, (done + max_output) / 2)
 
 
-def project(flights: Iterable[Flight], tokens_per_s: float | None, pad_tokens: float = 0.0) -> Outlook | None:
+def project(cohorts: Sequence[Cohort], tokens_per_s: float | None, pad_tokens: float = 0.0) -> Outlook | None:
     """The outlook of these requests (None when there are none).
 
     Each request in flight is expected to hold, ``t`` seconds from now, its size then times the
@@ -146,15 +160,17 @@ def project(flights: Iterable[Flight], tokens_per_s: float | None, pad_tokens: f
     fifth of the bench's pool at 55 requests, which the learned occupancy caught only after the
     first preemptions).
     """
-    items = list(flights)
-    if not items:
+    count = sum(len(c) for c in cohorts)
+    if not count:
         return None
-    newcomer_prompt = sum(f.prompt_tokens for f in items) / len(items) + pad_tokens
-    newcomer_output = sum(f.output_tokens for f in items) / len(items)
+    prompts = float(sum(c.prompt_tokens.sum() for c in cohorts))
+    outputs = sum(c.output_tokens * len(c) for c in cohorts)
+    newcomer_prompt = prompts / count + pad_tokens
+    newcomer_output = outputs / count
     if not tokens_per_s or tokens_per_s <= 0:
-        total = sum(f.prompt_tokens + pad_tokens + f.output_tokens for f in items)
+        total = prompts + pad_tokens * count + outputs
         return Outlook(total, (total,), newcomer_prompt, newcomer_output)
-    survival = Survival(items, tokens_per_s, pad_tokens)
+    survival = Survival(cohorts, tokens_per_s, pad_tokens)
     width = max(newcomer_output / tokens_per_s / SLICES, 1e-9)
     horizon = width * SLICES
     ends: Floats = np.linspace(width, horizon, SLICES)
@@ -166,7 +182,7 @@ def project(flights: Iterable[Flight], tokens_per_s: float | None, pad_tokens: f
     now_tokens = float(survival.now.sum())
     peaks[0] = max(peaks[0], now_tokens)
     newcomer = None
-    if all(f.lengths is not None for f in items):
+    if all(c.lengths is not None for c in cohorts):
         newcomer = tuple(survival.newcomer(ends).tolist())
     return Outlook(
         now_tokens, tuple(peaks.tolist()), newcomer_prompt, newcomer_output, tokens_per_s, newcomer
@@ -178,21 +194,22 @@ class Survival:
     and the chance it is still running after any length (its category's ``AnswerLengths`` given
     that it has run this far; one step at ``expected_final_output`` where none are known)."""
 
-    def __init__(self, flights: list[Flight], tokens_per_s: float, pad_tokens: float) -> None:
+    def __init__(self, cohorts: Sequence[Cohort], tokens_per_s: float, pad_tokens: float) -> None:
         self.rate = tokens_per_s
-        prompts = np.array([f.prompt_tokens for f in flights]) + pad_tokens
-        made = [tokens_per_s * f.age_s if f.made_tokens is None else f.made_tokens for f in flights]
-        self.done = np.minimum(np.array(made, dtype=np.float64), [f.max_output for f in flights])
-        self.now = prompts + self.done
-        self.prompts = prompts
-        groups: dict[int, tuple[AnswerLengths, list[int]]] = {}
-        for i, flight in enumerate(flights):
-            # no lengths known: one step of its own, at what it is expected to make in all
-            lengths = flight.lengths or AnswerLengths.single(
-                expected_final_output(flight, float(self.done[i]))
-            )
-            groups.setdefault(id(lengths), (lengths, []))[1].append(i)
-        self.groups = [(lengths, np.array(index)) for lengths, index in groups.values()]
+        self.prompts = np.concatenate([c.prompt_tokens for c in cohorts]) + pad_tokens
+        self.done = np.concatenate([c.made(tokens_per_s) for c in cohorts])
+        self.now = self.prompts + self.done
+        self.groups: list[tuple[AnswerLengths, Indices]] = []
+        start = 0
+        for cohort in cohorts:
+            index = np.arange(start, start + len(cohort))
+            start += len(cohort)
+            if cohort.lengths is not None:
+                self.groups.append((cohort.lengths, index))
+                continue
+            for i in index:  # no lengths known: one step of its own, at what it is expected to make
+                final = expected_final_output(cohort.output_tokens, cohort.max_output, float(self.done[i]))
+                self.groups.append((AnswerLengths.single(final), np.array([i])))
 
     def alive(self, times: Floats) -> Floats:
         """The chance that each request (rows) still runs at each time (columns), just before it

@@ -19,7 +19,6 @@ from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
 from flows.control.demand import CategoryDemand
 from flows.control.limiter import Lane, Limiter
-from flows.control.outlook import Flight
 from flows.run.prompt_stream import Ask, Reject
 from flows.run.quality import TRUNCATED
 from flows.run.regen import regenerate
@@ -92,18 +91,6 @@ class Demand:
     @classmethod
     def of(cls, model: CategoryDemand | None, record: PromptRecord) -> Demand | None:
         return None if model is None else cls(model, prompt_chars(record))
-
-    def flight(self, age_s: float, made_tokens: float) -> Flight:
-        """Read afresh at every tick: the category's projection is learned while the request runs."""
-        model = self.model
-        return Flight(
-            model.prompt_tokens(self.prompt_chars),
-            model.expected_output(),
-            model.max_tokens,
-            age_s,
-            model.lengths(),
-            made_tokens,
-        )
 
     def learn(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.model.learn(self.prompt_chars, prompt_tokens, completion_tokens)

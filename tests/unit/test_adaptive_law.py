@@ -7,9 +7,10 @@ import math
 from dataclasses import replace
 
 import pytest
+from outlook_support import cohort
 
 from flows.control.adaptive import AdaptiveLimit, Decision, LawSettings, Observation
-from flows.control.outlook import Flight, Outlook, project
+from flows.control.outlook import Outlook, project
 from flows.control.signals import ServerSample
 
 CAPACITY = 16384
@@ -377,7 +378,7 @@ def test_the_budget_admits_beside_requests_about_to_end_not_beside_a_young_cohor
     once; admitted one after another the oldest free their room while newcomers grow."""
 
     def budget(ages: list[float]) -> int | None:
-        outlook = project([Flight(50.0, 300.0, 512, age) for age in ages], tokens_per_s=100.0)
+        outlook = project([cohort(50.0, 300.0, 512, ages)], tokens_per_s=100.0)
         assert outlook is not None
         law = AdaptiveLimit(LawSettings(initial_limit=40))
         usage = outlook.now_tokens / CAPACITY  # the gauges agree with the model: occupancy stays 1
@@ -397,7 +398,7 @@ def test_admissions_are_paced_at_the_stream_that_the_outlook_allows() -> None:
     one life (not the cohort's size at once: that forms the next cohort in the same phase)."""
 
     def pace(count: int, age_s: float) -> float | None:
-        outlook = project([Flight(50.0, 300.0, 512, age_s) for _ in range(count)], tokens_per_s=100.0)
+        outlook = project([cohort(50.0, 300.0, 512, [age_s] * count)], tokens_per_s=100.0)
         law = AdaptiveLimit(LawSettings(initial_limit=40))
         law._slow_start = False
         usage = outlook.now_tokens / CAPACITY if outlook else 0.0

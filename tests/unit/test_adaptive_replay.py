@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from outlook_support import cohort
 
 from flows.config import ConcurrencyConfig
 from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
 from flows.control.lengths import AnswerLengths
-from flows.control.outlook import Flight, project
+from flows.control.outlook import project
 from flows.control.signals import ServerSample
 from flows.control.timeline import Timeline, observation_from_row, read_timeline
 from flows.control.wiring import law_settings
@@ -116,8 +117,7 @@ def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given
         block_tokens=128,
         generation_tokens_total=1000.0,
     )
-    flights = [Flight(300.0, 200.0, 256, age_s, lengths) for age_s in (0.5, 1.0, 2.0)]
-    outlook = project(flights, 50.0, pad_tokens=63.5)
+    outlook = project([cohort(300.0, 200.0, 256, [0.5, 1.0, 2.0], lengths)], 50.0, pad_tokens=63.5)
     assert outlook is not None and (outlook.newcomer_sizes is None) == (lengths is None)
     observation = Observation(
         at=12.5,

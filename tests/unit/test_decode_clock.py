@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from outlook_support import cohort
 
 from flows.control.decode_clock import DecodeClock
 from flows.control.lengths import AnswerLengths
-from flows.control.outlook import Flight, project
+from flows.control.outlook import project
 
 
 def test_a_request_makes_what_the_server_decoded_per_running_request_since_its_admission() -> None:
@@ -45,8 +46,8 @@ def test_the_outlook_projects_from_what_each_request_has_made_not_from_its_age()
     """Two requests of the same age, one that ran while few others did (far along) and one that
     waited: the one far along is projected to end first."""
     lengths = AnswerLengths.single(1000.0)
-    by_age = project([Flight(100.0, 1000.0, 1000, 2.0, lengths)], tokens_per_s=100.0)
-    far = project([Flight(100.0, 1000.0, 1000, 2.0, lengths, made_tokens=900.0)], tokens_per_s=100.0)
+    by_age = project([cohort(100.0, 1000.0, 1000, [2.0], lengths)], tokens_per_s=100.0)
+    far = project([cohort(100.0, 1000.0, 1000, [2.0], lengths, made=[900.0])], tokens_per_s=100.0)
     assert by_age is not None and far is not None
     assert by_age.now_tokens == pytest.approx(100.0 + 200.0)
     assert far.now_tokens == pytest.approx(100.0 + 900.0)

@@ -3,11 +3,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 from flows.control.limit import FixedLimit
 from flows.control.limiter import Lane, Limiter
-from flows.control.outlook import Flight
+from flows.control.outlook import Cohort
 from flows.control.signals import ServerSample
 
 
@@ -145,26 +146,43 @@ def test_a_lanes_output_spread_tells_answers_of_one_length_from_a_mix() -> None:
     assert mixed.output_spread == pytest.approx(96 / 160, rel=0.1)
 
 
-class Footprint:
-    def __init__(self, prompt: float) -> None:
-        self.prompt = prompt
+class Category:
+    """A category whose answers are expected to run 100 tokens, of prompts a token a character."""
 
-    def flight(self, age_s: float, made_tokens: float) -> Flight:
-        return Flight(self.prompt, 100.0, 256, age_s, made_tokens=made_tokens)
+    def cohort(self, prompt_chars: np.ndarray, age_s: np.ndarray, made_tokens: np.ndarray) -> Cohort:
+        return Cohort(prompt_chars, age_s, made_tokens, 100.0, 256)
+
+
+CATEGORY = Category()
+
+
+class Footprint:
+    def __init__(self, prompt: int) -> None:
+        self.model = CATEGORY
+        self.prompt_chars = prompt
+
+
+def in_flight(lane: Lane[str], now: float) -> list[tuple[float, float, float]]:
+    """(prompt tokens, age, tokens made) of each request the lane counts."""
+    return sorted(
+        (prompt, age, made)
+        for cohort in lane.cohorts(now)
+        for prompt, age, made in zip(cohort.prompt_tokens, cohort.age_s, cohort.made_tokens, strict=True)
+    )
 
 
 async def test_a_lane_counts_its_footprints_from_admission_to_release() -> None:
     lane: Lane[str] = Lane("a", FixedLimit(4))
     limiter: Limiter[str] = Limiter([lane])
-    first, second = Footprint(10.0), Footprint(20.0)
+    first, second = Footprint(10), Footprint(20)
     await limiter.acquire(first)
     admitted = time.monotonic()
     await limiter.acquire(second)
     await limiter.acquire()  # a request without a footprint takes a slot and is not counted
     later = admitted + 3.0
-    assert sorted((f.prompt_tokens, round(f.age_s)) for f in lane.flights(later)) == [(10.0, 3), (20.0, 3)]
+    assert [(prompt, round(age)) for prompt, age, _ in in_flight(lane, later)] == [(10.0, 3), (20.0, 3)]
     await limiter.release(lane, first)
-    assert [f.prompt_tokens for f in lane.flights(later)] == [20.0] and lane.in_flight == 2
+    assert [prompt for prompt, _, _ in in_flight(lane, later)] == [20.0] and lane.in_flight == 2
 
 
 async def test_a_paced_waiter_woken_late_takes_what_it_was_owed_in_one_go() -> None:
@@ -233,10 +251,10 @@ async def test_a_request_that_ends_between_decisions_frees_the_credit_its_end_ma
     limiter: Limiter[str] = Limiter([lane])
     lane.finished(1.0, completion_tokens=100)  # 100 tokens a second: a 1 s life
     lane.budget_tokens, lane.credit = 450.0, 2
-    first, second = Footprint(100.0), Footprint(100.0)
+    first, second = Footprint(100), Footprint(100)
     await limiter.acquire(first)
     await limiter.acquire(second)
-    waiter = asyncio.create_task(limiter.acquire(Footprint(100.0)))
+    waiter = asyncio.create_task(limiter.acquire(Footprint(100)))
     await asyncio.sleep(0.01)
     assert not waiter.done() and lane.credit == 0
     await limiter.release(lane, first)
@@ -250,9 +268,9 @@ async def test_the_last_end_of_a_spent_batch_leaves_no_waiter_stranded() -> None
     limiter: Limiter[str] = Limiter([lane])
     lane.finished(1.0, completion_tokens=100)
     lane.budget_tokens, lane.credit = 450.0, 1
-    only = Footprint(100.0)
+    only = Footprint(100)
     await limiter.acquire(only)
-    waiter = asyncio.create_task(limiter.acquire(Footprint(100.0)))
+    waiter = asyncio.create_task(limiter.acquire(Footprint(100)))
     await asyncio.sleep(0.01)
     assert not waiter.done() and lane.credit == 0
     await limiter.release(lane, only)
@@ -280,10 +298,10 @@ async def test_a_lane_counts_each_footprints_progress_on_the_decode_clock() -> N
     lane.finished(10.0, completion_tokens=1000)  # the answers' average: 100 tokens/s
     start = time.monotonic()
     lane.read_server(start, ServerSample("sglang-metrics", running=10, decode_tokens_per_s=3000.0))
-    early, late = Footprint(10.0), Footprint(20.0)
+    early, late = Footprint(10), Footprint(20)
     await limiter.acquire(early)
     lane.read_server(start + 1.0, ServerSample("sglang-metrics", running=10, decode_tokens_per_s=3000.0))
     await limiter.acquire(late)
     assert lane.tokens_per_s == pytest.approx(300.0)  # the server's, once it says one
-    made = {f.prompt_tokens: f.made_tokens for f in lane.flights(time.monotonic())}
+    made = {prompt: tokens for prompt, _, tokens in in_flight(lane, time.monotonic())}
     assert made[10.0] == pytest.approx(300.0, abs=15.0) and made[20.0] == pytest.approx(0.0, abs=15.0)

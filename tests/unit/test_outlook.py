@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from outlook_support import cohort
 
 from flows.control.lengths import AnswerLengths
-from flows.control.outlook import SLICES, Flight, project
+from flows.control.outlook import SLICES, Cohort, project
 
 
-def flights(count: int, age_s: float, prompt: float = 100.0, output: float = 1000.0) -> list[Flight]:
-    return [Flight(prompt, output, 4096, age_s) for _ in range(count)]
+def flights(count: int, age_s: float, prompt: float = 100.0, output: float = 1000.0) -> list[Cohort]:
+    return [cohort(prompt, output, 4096, [age_s] * count)]
 
 
 def test_nothing_in_flight_has_no_outlook() -> None:
@@ -54,7 +55,9 @@ def test_old_requests_about_to_end_free_their_room_for_newcomers() -> None:
 
 def test_spread_ages_fit_more_than_counting_every_request_at_its_final_size() -> None:
     """Steady state: ages spread over the life, the cache holds about half of the final sizes."""
-    spread = [f for age in range(10) for f in flights(2, age_s=age + 0.5)]  # 20 requests, 0.5-9.5 s old
+    spread = [
+        cohort(100.0, 1000.0, 4096, [age + 0.5 for age in range(10) for _ in range(2)])
+    ]  # 0.5-9.5 s old
     outlook = project(spread, 100.0)
     assert outlook is not None
     assert outlook.now_tokens == pytest.approx(20 * 100 + 2 * sum(100 * (a + 0.5) for a in range(10)))
@@ -63,12 +66,12 @@ def test_spread_ages_fit_more_than_counting_every_request_at_its_final_size() ->
 
 
 def test_a_request_past_its_expected_output_is_expected_halfway_to_its_cap() -> None:
-    overdue = project([Flight(100.0, 1000.0, 3000, age_s=20.0)], 100.0)  # made 2,000 of an expected 1,000
+    overdue = project([cohort(100.0, 1000.0, 3000, [20.0])], 100.0)  # made 2,000 of an expected 1,000
     assert overdue is not None
     assert overdue.now_tokens == pytest.approx(2_100.0)
     assert max(overdue.peaks) == pytest.approx(100 + 2_500)  # halfway from 2,000 to 3,000: 5 s more
     assert overdue.peaks[SLICES // 2 :] == (0.0,) * (SLICES // 2)  # gone after 5 s of a 10 s horizon
-    at_cap = project([Flight(100.0, 1000.0, 1000, age_s=20.0)], 100.0)
+    at_cap = project([cohort(100.0, 1000.0, 1000, [20.0])], 100.0)
     assert at_cap is not None  # at its cap it ends now: it counts in the first slice only
     assert at_cap.peaks[0] == pytest.approx(1_100.0) and at_cap.peaks[1] == 0.0
 
@@ -76,9 +79,8 @@ def test_a_request_past_its_expected_output_is_expected_halfway_to_its_cap() -> 
 def test_a_request_ending_within_a_slice_is_not_counted_beside_what_grows_after_it() -> None:
     """The largest projection in a slice is where one request ends or at the slice's end, not the
     sum of every request's largest size within it."""
-    ending = Flight(100.0, 1000.0, 4096, age_s=9.8)  # ends in 0.2 s, at 1,100 tokens
-    young = Flight(100.0, 1000.0, 4096, age_s=0.0)  # 100 tokens now, 162.5 at the slice's end
-    outlook = project([ending, young], 100.0)
+    # one ends in 0.2 s, at 1,100 tokens; one holds 100 tokens now, 162.5 at the slice's end
+    outlook = project([cohort(100.0, 1000.0, 4096, [9.8, 0.0])], 100.0)
     assert outlook is not None
     width = 10.0 / SLICES
     assert outlook.peaks[0] == pytest.approx(max(1_100 + 100 + 100 * 0.2, 100 + 100 * width))
@@ -87,7 +89,7 @@ def test_a_request_ending_within_a_slice_is_not_counted_beside_what_grows_after_
 def test_a_stream_keeps_spread_ages_level_at_one_request_per_life_each() -> None:
     """200 requests with ages spread over a 10 s life hold 120,000 tokens (their ends, 0.05 s apart,
     add up to 500 more): a stream of 20 a second replaces them as they end and holds the same."""
-    spread = [Flight(100.0, 1000.0, 4096, age_s=(i + 0.5) * 0.05) for i in range(200)]
+    spread = [cohort(100.0, 1000.0, 4096, [(i + 0.5) * 0.05 for i in range(200)])]
     outlook = project(spread, 100.0)
     assert outlook is not None and outlook.now_tokens == pytest.approx(120_000.0)
     rate = outlook.stream_rate(121_000)
@@ -107,7 +109,7 @@ def test_a_stream_waits_for_a_cohort_at_the_budget_then_refills_over_a_life() ->
 def test_the_steady_count_is_what_requests_with_spread_ages_hold_on_average() -> None:
     """200 requests of 100 + 1,000 tokens, their ages spread over a life, hold 120,000 tokens: each
     its prompt and half its answer on average."""
-    spread = [Flight(100.0, 1000.0, 4096, age_s=(i + 0.5) * 0.05) for i in range(200)]
+    spread = [cohort(100.0, 1000.0, 4096, [(i + 0.5) * 0.05 for i in range(200)])]
     outlook = project(spread, 100.0)
     assert outlook is not None
     assert outlook.steady_count(outlook.now_tokens) == pytest.approx(200.0)
@@ -146,8 +148,8 @@ def test_answers_of_spread_lengths_are_projected_at_what_they_will_hold_on_avera
         answers = np.append(answers[running][:40], rng.integers(1, 4096, 20))
         done = np.append(done[running][:40], np.zeros(20))
         ages = done / rate
-        outlook = project([Flight(300.0, 2048.0, 4096, age, lengths) for age in ages], rate)
-        one_number = project([Flight(300.0, 2048.0, 4096, age) for age in ages], rate)
+        outlook = project([cohort(300.0, 2048.0, 4096, ages, lengths)], rate)
+        one_number = project([cohort(300.0, 2048.0, 4096, ages)], rate)
         assert outlook is not None and one_number is not None
         width = outlook.newcomer_output / rate / SLICES
         slices += [realized(np.full(60, 300.0), done, answers, rate, (j + 1) * width) for j in range(SLICES)]
@@ -162,18 +164,18 @@ def test_answers_of_one_length_keep_the_cohorts_step() -> None:
     cohort is still projected to its peak."""
     cap = AnswerLengths.learn([4096] * 50, 0.95, 4096, prior_weight=1.0)
     ages = [0.5 * i for i in range(16)]
-    with_lengths = project([Flight(100.0, 4096.0, 4096, age, cap) for age in ages], 500.0)
-    one_number = project([Flight(100.0, 4096.0, 4096, age) for age in ages], 500.0)
+    with_lengths = project([cohort(100.0, 4096.0, 4096, ages, cap)], 500.0)
+    one_number = project([cohort(100.0, 4096.0, 4096, ages)], 500.0)
     assert with_lengths is not None and one_number is not None
     assert with_lengths.peaks == pytest.approx(one_number.peaks)
     assert with_lengths.room(60_000) == pytest.approx(one_number.room(60_000))
 
 
 def test_a_newcomer_of_spread_lengths_may_end_within_its_life_so_more_fit() -> None:
-    outlook = project([Flight(300.0, 2048.0, 4096, 1.0, uniform_lengths())], 500.0)
+    outlook = project([cohort(300.0, 2048.0, 4096, [1.0], uniform_lengths())], 500.0)
     assert outlook is not None and outlook.newcomer_sizes is not None
     last = outlook.newcomer_size(SLICES - 1)  # at the mean length, about half have ended
     assert last == pytest.approx((300 + 2048) * (4096 - 2048) / 4095, rel=0.01)
     assert outlook.newcomer_size(0) == pytest.approx((300 + 64) * (4096 - 64) / 4095, rel=0.01)
-    linear = project([Flight(300.0, 2048.0, 4096, 1.0)], 500.0)
+    linear = project([cohort(300.0, 2048.0, 4096, [1.0])], 500.0)
     assert linear is not None and outlook.room(100_000) > 1.5 * linear.room(100_000)
