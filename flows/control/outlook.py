@@ -43,7 +43,8 @@ class Cohort:
     """The requests in flight of one category, as the projection sees them: one column entry per
     request, what the category expects of them once. Columns, not an object per request: a
     projection runs at every release while the budget binds, and building one object per request
-    in flight cost 4 µs each (7 ms at 1,024 in flight, most of the projection)."""
+    in flight cost about 2.5 µs each (2.6 ms of a 3.8 ms projection at 1,024 in flight;
+    ``bench/outlook_cost.py``)."""
 
     prompt_tokens: Floats
     age_s: Floats
