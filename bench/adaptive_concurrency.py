@@ -62,7 +62,8 @@ from rich.table import Table
 from bench.spinner import busy_core
 from flows.control.signals import ServerSample, parse_loads, parse_metrics
 from prompts.synthetic import write_synthetic_prompts
-from sglang_launch.launcher import free_port, remove_leftover_shm, shm_files
+from sglang_launch.launcher import remove_leftover_shm, shm_files
+from sglang_launch.ports import free_port
 
 console = Console(width=140)
 ENGINES = Path(__file__).resolve().parents[2] / "shared" / "engines"

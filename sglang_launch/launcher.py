@@ -28,6 +28,7 @@ from typing import IO
 
 from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, shown_env
 from sglang_launch.logparse import StartupFailure, parse_log
+from sglang_launch.ports import free_port
 from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
 from sglang_launch.server_config import ServerConfig
 
@@ -266,13 +267,6 @@ class ServerProcess:
 
 
 # --- one attempt -------------------------------------------------------------------------------
-
-
-def free_port(host: str) -> int:
-    """A port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from conftest import engines_home
 
-from sglang_launch.launcher import free_port
+from sglang_launch.ports import free_port
 from sglang_launch.server_config import ServerConfig
 
 ENGINES = engines_home()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,10 @@ from typing import Self
 
 import httpx
 
+from sglang_launch.ports import free_port
+
 DEFAULT_PORT = 4200
 START_TIMEOUT_S = 180.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def server_env(host: str, port: int, home: Path | None = None, *, ui: bool = True) -> dict[str, str]:

@@ -26,20 +26,11 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from sglang_launch.ports import LOOPBACK, free_port
 from sglang_launch.probe import wait_healthy
 from sglang_launch.simulator.config import SimConfig
 from sglang_launch.simulator.engine import Engine
 from sglang_launch.simulator.server import SHUTDOWN_GRACE_S, create_app
-
-LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on right now (the OS picks it for a throwaway bound socket)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _temporary_log() -> Path:

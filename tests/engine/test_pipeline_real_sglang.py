@@ -34,7 +34,7 @@ from pipeline_support import (
 
 from flows.control.timeline import read_timeline
 from sglang_launch.engine import LaunchedEngine
-from sglang_launch.launcher import free_port
+from sglang_launch.ports import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900), needs_sglang]
 

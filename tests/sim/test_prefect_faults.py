@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,12 @@ import httpx
 import pytest
 from pipeline_support import check_run, datagen, wait_for_rows, write_config, write_prompts
 
+from sglang_launch.ports import free_port
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 NOT_UPDATED = "the Prefect UI is not"
 UVICORN_ARGS = ("--host", "127.0.0.1", "--log-level", "error")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _without_prefect_api(home: Path, **extra: str) -> dict[str, str]:
@@ -67,7 +61,7 @@ def test_a_temporary_server_that_will_not_start_is_one_line_and_exit_3(tmp_path:
 def test_a_configured_api_that_is_down_says_so_once_and_the_run_completes(tmp_path: Path) -> None:
     with SimulatorProcess(SimConfig(**FAST)) as sim:
         config = _config(tmp_path, "down", sim.url, 60)
-        env = _without_prefect_api(tmp_path / "home", PREFECT_API_URL=f"http://127.0.0.1:{_free_port()}/api")
+        env = _without_prefect_api(tmp_path / "home", PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api")
         proc = subprocess.run(
             [sys.executable, "-m", "flows.cli", "run", str(config)], env=env, capture_output=True, timeout=180
         )
@@ -81,7 +75,7 @@ def test_a_configured_api_that_is_down_says_so_once_and_the_run_completes(tmp_pa
 @contextlib.contextmanager
 def prefect_api(home: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real Prefect API server (no UI) on a free loopback port, with its own database."""
-    port = _free_port()
+    port = free_port()
     env = _without_prefect_api(home, PREFECT_UI_ENABLED="0", PREFECT_SERVER_ANALYTICS_ENABLED="false")
     argv = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
     server = subprocess.Popen(

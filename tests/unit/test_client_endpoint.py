@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from flows.client.endpoint import EndpointClient, RetryPolicy
 from flows.client.errors import FatalEndpointError, PermanentRequestError, RequestError, TransientRequestError
 from flows.client.responses import Usage
 from flows.client.sampling import SamplingParams
+from sglang_launch.ports import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SGLANG = "sglang-0.5.23"
@@ -82,14 +82,6 @@ async def sse_head(request: web.Request, head: bytes) -> web.StreamResponse:
     await response.prepare(request)
     await response.write(head)
     return response
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @dataclass(frozen=True)
