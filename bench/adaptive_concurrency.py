@@ -23,6 +23,12 @@ Settings run in an interleaved order (A B C ..., then rotated), repeated; the ta
 - server busy (SGLang): the share of those seconds the server spent in decode and prefill steps, by
   its own counters (``/v1/loads``, read before and after the run): whether an empty queue with the
   cache under 0.8 left the server idle, or it was computing all along (bound by compute, not KV);
+- decode steps and batch (SGLang): the decode steps the server ran for the run and the tokens it
+  generated per step, by the same counters. The same prompts and answer lengths make the same
+  tokens, so a setting that batches better needs fewer steps; unlike tok/s this hardly moves with
+  the machine's speed (three runs of the law at 1,200 prompts: 6,120-6,200 steps, where their tok/s
+  spread 16 %), and it shows an A/B's effect on batching that the tok/s noise hides. It is not the
+  throughput: on these CPUs a step costs more the more KV tokens the batch reads;
 - p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
 
 With ``--keep DIR`` each run's directory also holds its ``-v`` log, its 1 s server readings
@@ -86,6 +92,10 @@ class Outcome:
     """The share of the run's time the server spent in decode and prefill steps, by its own counters
     (SGLang's ``/v1/loads``; None for vLLM): what an empty queue with a cache under 0.8 ("starved")
     does not tell, whether the server was idle."""
+    decode_steps: float | None = None
+    """Decode steps the server ran for the run (SGLang's ``/v1/loads``; None for vLLM)."""
+    batch: float | None = None
+    """Tokens generated per decode step: the mean decode batch."""
     samples: list[ServerSample] = field(default_factory=list)
 
 
@@ -124,14 +134,20 @@ def read_sample(url: str) -> ServerSample:
     return sample
 
 
-def read_busy_us(url: str) -> float | None:
-    """The server's decode and prefill time so far (SGLang's ``/v1/loads``); None where it has none."""
+def read_loads(url: str) -> ServerSample | None:
+    """The server's step counters so far (SGLang's ``/v1/loads``: decode steps, decode and prefill
+    time); None where it has none (vLLM)."""
     try:
         response = httpx.get(f"{url}/v1/loads", timeout=10)
-        sample = parse_loads(response.json()) if response.status_code == 200 else None
+        return parse_loads(response.json()) if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
-    return sample.busy_us if sample is not None else None
+
+
+def counted(before: ServerSample | None, after: ServerSample | None, counter: str) -> float | None:
+    """How far one of the server's counters went during a run; None where it has no such counter."""
+    start, end = (getattr(s, counter) if s is not None else None for s in (before, after))
+    return None if start is None or end is None else end - start
 
 
 def start_server(engine: str, port: int, args: argparse.Namespace, log: Path) -> subprocess.Popen[bytes]:
@@ -212,7 +228,7 @@ def one_run(
 ) -> Outcome:
     """One ``datagen run`` of ``config``; ``tree``: the source tree to run it from (default: this one)."""
     log_from = server_log.stat().st_size if server_log else 0
-    before, busy_before = read_sample(url), read_busy_us(url)
+    before, loads_before = read_sample(url), read_loads(url)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     poller = Poller(url, poll_hz)
     poller.start()
@@ -229,7 +245,7 @@ def one_run(
     usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise RuntimeError(result.stderr.decode()[-3000:])
-    after, busy_after = read_sample(url), read_busy_us(url)
+    after, loads_after = read_sample(url), read_loads(url)
     rows = [
         row
         for path in (run_dir / "data").rglob("*.parquet")
@@ -253,6 +269,8 @@ def one_run(
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
     seconds = json.loads((run_dir / "summary.json").read_text())["seconds"]
+    busy_us = counted(loads_before, loads_after, "busy_us")
+    steps = counted(loads_before, loads_after, "decode_steps")
     return Outcome(
         tok_s=generated / seconds,
         retractions_per_1k=1000 * retractions / max(requests, 1),
@@ -263,9 +281,9 @@ def one_run(
         cpu_s=(usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime),
         requests=len(latencies),
         peak_queue=max((s.queued or 0 for s in samples), default=0),
-        busy=None
-        if busy_before is None or busy_after is None
-        else (busy_after - busy_before) / 1e6 / seconds,
+        busy=None if busy_us is None else busy_us / 1e6 / seconds,
+        decode_steps=steps,
+        batch=generated / steps if steps else None,
     )
 
 
@@ -356,7 +374,8 @@ def main() -> None:
                         f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
                         f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%} "
                         f"({percent(outcome.starved_sending)} sending), busy {percent(outcome.busy)}, "
-                        f"peak queue {outcome.peak_queue}, cpu {outcome.cpu_s:.1f} s"
+                        f"peak queue {outcome.peak_queue}, decode steps {number(outcome.decode_steps, 0)}, "
+                        f"batch {number(outcome.batch, 1)}, cpu {outcome.cpu_s:.1f} s"
                     )
         finally:
             stop(server)
@@ -366,6 +385,10 @@ def main() -> None:
 
 def percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.0%}"
+
+
+def number(value: float | None, decimals: int) -> str:
+    return "-" if value is None else f"{value:,.{decimals}f}"
 
 
 def median_known(values: Iterable[float | None]) -> float | None:
@@ -393,6 +416,8 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
         "starved sending",
         "server busy",
         "peak queue",
+        "decode steps",
+        "batch",
         "p50 s",
         "p99 s",
     ]
@@ -411,6 +436,8 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
             percent(median_known(o.starved_sending for o in outcomes)),
             percent(median_known(o.busy for o in outcomes)),
             f"{med(setting, 'peak_queue'):.0f}",
+            number(median_known(o.decode_steps for o in outcomes), 0),
+            number(median_known(o.batch for o in outcomes), 1),
             f"{med(setting, 'p50'):.2f}",
             f"{med(setting, 'p99'):.2f}",
             f"{med(setting, 'cpu_s'):.1f}",
