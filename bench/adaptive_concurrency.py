@@ -23,12 +23,13 @@ Settings run in an interleaved order (A B C ..., then rotated), repeated; the ta
 - server busy (SGLang): the share of those seconds the server spent in decode and prefill steps, by
   its own counters (``/v1/loads``, read before and after the run): whether an empty queue with the
   cache under 0.8 left the server idle, or it was computing all along (bound by compute, not KV);
-- decode steps and batch (SGLang): the decode steps the server ran for the run and the tokens it
-  generated per step, by the same counters. The same prompts and answer lengths make the same
-  tokens, so a setting that batches better needs fewer steps; unlike tok/s this hardly moves with
-  the machine's speed (three runs of the law at 1,200 prompts: 6,120-6,200 steps, where their tok/s
-  spread 16 %), and it shows an A/B's effect on batching that the tok/s noise hides. It is not the
-  throughput: on these CPUs a step costs more the more KV tokens the batch reads;
+- batch (SGLang): the mean decode batch, the requests each decode step ran, by the same counters
+  (their sums over the decode steps, steps next to a prefill left out). The same prompts and answer
+  lengths make the same tokens, so a setting that batches better needs fewer decode steps; unlike
+  tok/s this hardly moves with the machine's speed (three runs of the law at 1,200 prompts:
+  6,120-6,200 steps by SGLang's log, where their tok/s spread 16 %), and it shows an A/B's effect
+  on batching that the tok/s noise hides. It is not the throughput: on these CPUs a step costs more
+  the more KV tokens the batch reads;
 - p50 / p99 request latency (from the rows), client CPU seconds (user + system of the run).
 
 With ``--keep DIR`` each run's directory also holds its ``-v`` log, its 1 s server readings
@@ -59,6 +60,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
@@ -66,7 +68,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.spinner import busy_core
-from flows.control.signals import ServerSample, parse_loads, parse_metrics
+from flows.control.signals import ServerSample, decode_moment, parse_loads, parse_metrics
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.launcher import remove_leftover_shm, shm_files
 from sglang_launch.ports import free_port
@@ -92,10 +94,8 @@ class Outcome:
     """The share of the run's time the server spent in decode and prefill steps, by its own counters
     (SGLang's ``/v1/loads``; None for vLLM): what an empty queue with a cache under 0.8 ("starved")
     does not tell, whether the server was idle."""
-    decode_steps: float | None = None
-    """Decode steps the server ran for the run (SGLang's ``/v1/loads``; None for vLLM)."""
     batch: float | None = None
-    """Tokens generated per decode step: the mean decode batch."""
+    """The mean decode batch over the run (SGLang's ``/v1/loads``; None for vLLM)."""
     samples: list[ServerSample] = field(default_factory=list)
 
 
@@ -134,20 +134,50 @@ def read_sample(url: str) -> ServerSample:
     return sample
 
 
-def read_loads(url: str) -> ServerSample | None:
-    """The server's step counters so far (SGLang's ``/v1/loads``: decode steps, decode and prefill
-    time); None where it has none (vLLM)."""
+@dataclass(frozen=True)
+class StepCounters:
+    """SGLang's step counters so far (``/v1/loads``), summed over DP ranks."""
+
+    busy_us: float
+    """Decode and prefill step time."""
+    decode_steps: float
+    batch_sum: float
+    """The decode steps' batch sizes summed (steps next to a prefill are left out of both sums)."""
+
+    def since(self, before: StepCounters) -> StepCounters:
+        """What the server counted between ``before`` and these."""
+        return StepCounters(
+            busy_us=self.busy_us - before.busy_us,
+            decode_steps=self.decode_steps - before.decode_steps,
+            batch_sum=self.batch_sum - before.batch_sum,
+        )
+
+    @property
+    def batch(self) -> float | None:
+        """The mean decode batch; None before any decode step."""
+        return self.batch_sum / self.decode_steps if self.decode_steps > 0 else None
+
+
+def read_step_counters(url: str) -> StepCounters | None:
+    """None where the server has no such counters (vLLM, SGLang before 0.5.2x)."""
     try:
         response = httpx.get(f"{url}/v1/loads", timeout=10)
-        return parse_loads(response.json()) if response.status_code == 200 else None
+        document = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
+    return step_counters(document) if isinstance(document, dict) else None
 
 
-def counted(before: ServerSample | None, after: ServerSample | None, counter: str) -> float | None:
-    """How far one of the server's counters went during a run; None where it has no such counter."""
-    start, end = (getattr(s, counter) if s is not None else None for s in (before, after))
-    return None if start is None or end is None else end - start
+def step_counters(document: dict[str, Any]) -> StepCounters | None:
+    sample = parse_loads(document)
+    if sample is None or sample.busy_us is None:
+        return None
+    loads = [entry for entry in document["loads"] if isinstance(entry, dict)]
+    return StepCounters(
+        busy_us=sample.busy_us,
+        decode_steps=sum(decode_moment(e, 0) or 0.0 for e in loads),
+        batch_sum=sum(decode_moment(e, 1) or 0.0 for e in loads),
+    )
 
 
 def start_server(engine: str, port: int, args: argparse.Namespace, log: Path) -> subprocess.Popen[bytes]:
@@ -228,7 +258,7 @@ def one_run(
 ) -> Outcome:
     """One ``datagen run`` of ``config``; ``tree``: the source tree to run it from (default: this one)."""
     log_from = server_log.stat().st_size if server_log else 0
-    before, loads_before = read_sample(url), read_loads(url)
+    before, counters_before = read_sample(url), read_step_counters(url)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     poller = Poller(url, poll_hz)
     poller.start()
@@ -245,7 +275,7 @@ def one_run(
     usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise RuntimeError(result.stderr.decode()[-3000:])
-    after, loads_after = read_sample(url), read_loads(url)
+    after, counters_after = read_sample(url), read_step_counters(url)
     rows = [
         row
         for path in (run_dir / "data").rglob("*.parquet")
@@ -269,8 +299,7 @@ def one_run(
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
     seconds = json.loads((run_dir / "summary.json").read_text())["seconds"]
-    busy_us = counted(loads_before, loads_after, "busy_us")
-    steps = counted(loads_before, loads_after, "decode_steps")
+    spent = counters_after.since(counters_before) if counters_before and counters_after else None
     return Outcome(
         tok_s=generated / seconds,
         retractions_per_1k=1000 * retractions / max(requests, 1),
@@ -281,9 +310,8 @@ def one_run(
         cpu_s=(usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime),
         requests=len(latencies),
         peak_queue=max((s.queued or 0 for s in samples), default=0),
-        busy=None if busy_us is None else busy_us / 1e6 / seconds,
-        decode_steps=steps,
-        batch=generated / steps if steps else None,
+        busy=None if spent is None else spent.busy_us / 1e6 / seconds,
+        batch=None if spent is None else spent.batch,
     )
 
 
@@ -374,8 +402,8 @@ def main() -> None:
                         f"repeat {repeat + 1} {setting:>8}: {outcome.tok_s:7.0f} tok/s, "
                         f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%} "
                         f"({percent(outcome.starved_sending)} sending), busy {percent(outcome.busy)}, "
-                        f"peak queue {outcome.peak_queue}, decode steps {number(outcome.decode_steps, 0)}, "
-                        f"batch {number(outcome.batch, 1)}, cpu {outcome.cpu_s:.1f} s"
+                        f"peak queue {outcome.peak_queue}, batch {number(outcome.batch, 1)}, "
+                        f"cpu {outcome.cpu_s:.1f} s"
                     )
         finally:
             stop(server)
@@ -416,7 +444,6 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
         "starved sending",
         "server busy",
         "peak queue",
-        "decode steps",
         "batch",
         "p50 s",
         "p99 s",
@@ -436,7 +463,6 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
             percent(median_known(o.starved_sending for o in outcomes)),
             percent(median_known(o.busy for o in outcomes)),
             f"{med(setting, 'peak_queue'):.0f}",
-            number(median_known(o.decode_steps for o in outcomes), 0),
             number(median_known(o.batch for o in outcomes), 1),
             f"{med(setting, 'p50'):.2f}",
             f"{med(setting, 'p99'):.2f}",

@@ -191,7 +191,7 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
         decode_tokens_per_s=_sum_of(loads, "gen_throughput"),
         busy_us=_mean_over_ranks([_busy_us(e) for e in loads]),
-        decode_steps=_mean_over_ranks([_decode_moment(e, 0) for e in loads]),
+        decode_steps=_mean_over_ranks([decode_moment(e, 0) for e in loads]),
     )
 
 
@@ -220,7 +220,7 @@ def _sum_of(loads: list[dict[str, Any]], key: str) -> float | None:
     return sum(values) if values else None
 
 
-def _decode_moment(load: dict[str, Any], index: int) -> float | None:
+def decode_moment(load: dict[str, Any], index: int) -> float | None:
     """One rank's ``decode_moments[index]``: the moments are [steps, sum of batch sizes, sum of step
     µs, ...] (absent before the first decode step: 0); None where the server has no such counters
     (before 0.5.2x, which also counts its prefill time)."""
@@ -232,7 +232,7 @@ def _decode_moment(load: dict[str, Any], index: int) -> float | None:
 
 def _busy_us(load: dict[str, Any]) -> float | None:
     """One rank's decode and prefill step time so far."""
-    decode = _decode_moment(load, 2)
+    decode = decode_moment(load, 2)
     return None if decode is None else float(load["total_prefill_busy_us"]) + decode
 
 

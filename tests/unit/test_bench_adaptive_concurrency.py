@@ -1,17 +1,30 @@
-"""The adaptive-concurrency bench's reading of the server's counters over a run."""
+"""The adaptive-concurrency bench's reading of SGLang's step counters over a run."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from pathlib import Path
 
-from bench.adaptive_concurrency import counted
-from flows.control.signals import ServerSample
+from bench.adaptive_concurrency import StepCounters, step_counters
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23"
 
 
-def test_a_counter_is_counted_over_the_run_and_missing_where_the_server_has_none() -> None:
-    before = ServerSample(source="sglang-loads", decode_steps=1_000.0, busy_us=5e6)
-    after = replace(before, decode_steps=7_120.0, busy_us=95e6)
-    assert counted(before, after, "decode_steps") == 6_120.0
-    assert counted(before, after, "busy_us") == 90e6
-    assert counted(None, after, "decode_steps") is None  # vLLM: no /v1/loads
-    assert counted(before, replace(after, decode_steps=None), "decode_steps") is None  # SGLang < 0.5.2x
+def test_the_step_counters_are_read_from_a_real_v1_loads_answer() -> None:
+    counters = step_counters(json.loads((FIXTURES / "v1_loads_load.json").read_text()))
+    # decode_moments [273 steps, 1,834 batch sum, 13,411,235 µs, ...] + 1,056,093 µs of prefill
+    assert counters == StepCounters(busy_us=13_411_235.0 + 1_056_093.0, decode_steps=273.0, batch_sum=1834.0)
+
+
+def test_a_run_s_mean_batch_is_its_batch_sum_over_its_steps() -> None:
+    before = StepCounters(busy_us=5e6, decode_steps=1_000.0, batch_sum=20_000.0)
+    after = StepCounters(busy_us=95e6, decode_steps=7_000.0, batch_sum=200_000.0)
+    spent = after.since(before)
+    assert spent.busy_us == 90e6 and spent.batch == 30.0  # 180,000 over 6,000 steps
+    assert StepCounters(busy_us=1.0, decode_steps=0.0, batch_sum=0.0).batch is None
+
+
+def test_a_server_without_step_counters_has_none() -> None:
+    document = json.loads((FIXTURES / "v1_loads_load.json").read_text())
+    del document["loads"][0]["total_prefill_busy_us"]  # SGLang before 0.5.2x
+    assert step_counters(document) is None
