@@ -68,7 +68,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.spinner import busy_core
-from flows.control.signals import ServerSample, decode_moment, parse_loads, parse_metrics
+from flows.control.signals import ServerSample, decode_moment, parse_loads, parse_metrics, rank_loads
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.launcher import remove_leftover_shm, shm_files
 from sglang_launch.ports import free_port
@@ -136,13 +136,14 @@ def read_sample(url: str) -> ServerSample:
 
 @dataclass(frozen=True)
 class StepCounters:
-    """SGLang's step counters so far (``/v1/loads``), summed over DP ranks."""
+    """SGLang's step counters so far (``/v1/loads``)."""
 
     busy_us: float
-    """Decode and prefill step time."""
+    """Decode and prefill step time, the mean over DP ranks (as ``parse_loads`` reads it)."""
     decode_steps: float
     batch_sum: float
-    """The decode steps' batch sizes summed (steps next to a prefill are left out of both sums)."""
+    """The decode steps' batch sizes summed; both sums over DP ranks (steps next to a prefill are left
+    out of both)."""
 
     def since(self, before: StepCounters) -> StepCounters:
         """What the server counted between ``before`` and these."""
@@ -172,7 +173,7 @@ def step_counters(document: dict[str, Any]) -> StepCounters | None:
     sample = parse_loads(document)
     if sample is None or sample.busy_us is None:
         return None
-    loads = [entry for entry in document["loads"] if isinstance(entry, dict)]
+    loads = rank_loads(document)
     return StepCounters(
         busy_us=sample.busy_us,
         decode_steps=sum(decode_moment(e, 0) or 0.0 for e in loads),

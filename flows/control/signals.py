@@ -177,7 +177,7 @@ def _vllm_capacity(cache_config: dict[str, str]) -> int | None:
 
 def parse_loads(document: dict[str, Any]) -> ServerSample | None:
     """SGLang's ``/v1/loads`` JSON (fresher than the gauges, no retraction counter): summed over DP ranks."""
-    loads = [entry for entry in document.get("loads", []) if isinstance(entry, dict)]
+    loads = rank_loads(document)
     if not loads:
         return None
     used = sum(float(e.get("num_used_tokens", 0)) for e in loads)
@@ -193,6 +193,11 @@ def parse_loads(document: dict[str, Any]) -> ServerSample | None:
         busy_us=_mean_over_ranks([_busy_us(e) for e in loads]),
         decode_steps=_mean_over_ranks([decode_moment(e, 0) for e in loads]),
     )
+
+
+def rank_loads(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-DP-rank entries of a ``/v1/loads`` answer."""
+    return [entry for entry in document.get("loads", []) if isinstance(entry, dict)]
 
 
 def with_loads(metrics: ServerSample, loads: ServerSample | None) -> ServerSample:
