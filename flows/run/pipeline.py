@@ -23,7 +23,11 @@ CategoryRunner = Callable[[str], Awaitable[None]]
 """category -> category done. Prefect's subflow or a plain call of ``Pipeline.run_category``."""
 
 START_TOGETHER_S = 10.0
-"""How long a shard waits at the start line for every category's first window of shards."""
+"""How long a shard waits at the start line for every category's first window of shards, counted
+from when the last category began reading."""
+BEGIN_TOGETHER_S = 60.0
+"""How long a shard waits for every category to begin reading at all (an orchestrator starts each
+category's subflow in turn: on a loaded machine Prefect began the second 12 s after the first)."""
 
 
 class StartLine:
@@ -33,15 +37,32 @@ class StartLine:
     first limit: measured, all 64 first requests of one category), so the first wave, and the
     demand the concurrency law learns from it, would be one category's. After the start the
     limiter serves the shards' dispatchers in turn. Reading a local file's shard takes
-    milliseconds; a slow source (the Hub) holds the others ``START_TOGETHER_S`` at most.
+    milliseconds; a slow source (the Hub) holds the others ``patience_s`` at most, counted from
+    when the last category began: the time an orchestrator takes to start a category is not a slow
+    source (counted from the first shard, Prefect's second subflow missed the line and the first
+    category took the whole first wave), and it is bounded by ``begin_s``.
     """
 
-    def __init__(self, runners: int, patience_s: float = START_TOGETHER_S) -> None:
+    def __init__(
+        self, runners: int, patience_s: float = START_TOGETHER_S, begin_s: float = BEGIN_TOGETHER_S
+    ) -> None:
         self._missing = runners
+        self._not_begun = runners
         self._patience_s = patience_s
+        self._begin_s = begin_s
         self._all_in = asyncio.Event()
+        self._all_begun = asyncio.Event()
+        self._all_begun_at = 0.0
         if runners <= 0:
             self._all_in.set()
+            self._all_begun.set()
+
+    def begin(self) -> None:
+        """One category began reading its source: the patience runs once every one has."""
+        self._not_begun -= 1
+        if self._not_begun <= 0 and not self._all_begun.is_set():
+            self._all_begun_at = asyncio.get_running_loop().time()
+            self._all_begun.set()
 
     def arrive(self) -> None:
         """One category's window of shards exists (or it has no more to start: its stream is done or
@@ -52,9 +73,13 @@ class StartLine:
             self._all_in.set()
 
     async def wait(self) -> None:
-        """Every shard's dispatcher waits here before its first request, ``patience_s`` at most."""
+        """Every shard's dispatcher waits here before its first request: until every category has
+        begun (``begin_s`` at most), then ``patience_s`` at most from the last one's beginning."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._all_in.wait(), self._patience_s)
+            await asyncio.wait_for(self._all_begun.wait(), self._begin_s)
+            if not self._all_in.is_set():
+                left = self._all_begun_at + self._patience_s - asyncio.get_running_loop().time()
+                await asyncio.wait_for(self._all_in.wait(), max(left, 0.0))
 
 
 class SourceError(RuntimeError):
@@ -93,6 +118,7 @@ class Pipeline:
 
     async def run_category(self, category: str, shard_runner: ShardRunner) -> None:
         """Stream the category's prompts into shards and run a few shards at once."""
+        self._start.begin()
         categories = self.session.categories
         run = categories.get(category)
         state = categories.states[category]
