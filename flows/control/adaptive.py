@@ -31,7 +31,13 @@ The rules, checked in this order each tick (about once a second):
    reached 1.0 and retracted. A retraction costs more than its recompute: SGLang then raises its
    own admission estimate (``new_token_ratio``, to as much as 1.0 of every running request's
    remaining ``max_new_tokens``) and decays it over about 600 decode steps, admitting fewer for
-   that long (0.5.x, ``NewTokenRatioTracker``).
+   that long (0.5.x, ``NewTokenRatioTracker``). The cut is a pause: once the cache is under the
+   target again (by ``resume_below``) the limit before the cut is given back, never past the
+   budget. Kept at the cut, the limit bound nothing while the paced stream aimed at 1.1x it, and
+   it grew back only where it bound: on the simulator's shift to long answers a cut from 47 to 38
+   at 0.94 left the cache at 0.57-0.80 for 20 s with credit for 12-22 more, the stream aiming at
+   41 (given back, the long phase made 2-5 % more in three of four invocations, 1 % less in the
+   fourth; bench/README.md).
 4. Budget in tokens, looking ahead (``outlook.py``): from each request's age, its category's expected
    prompt and output and the per-request decode rate, project what the requests in flight will
    hold over a newcomer's life; the budget is those in flight plus the newcomers that keep the
@@ -97,6 +103,9 @@ class LawSettings:
     out again at every end; at 0.94 never, at 0.99x the throughput (bench/README, ninth session);
     a target of 0.93 (peak 0.97) ran at 0.98x the default's throughput with 4.2 retractions per
     1,000 requests against 1.2 (thirteenth session)."""
+    resume_below: float = 0.02
+    """An over-target cut (rule 3) is a pause; it ends once the cache is this far under the target
+    (hysteresis: a cache hovering at the target does not cut and give back every tick)."""
     min_limit: int = 1
     max_limit: int = 1024
     initial_limit: int = 8
@@ -240,6 +249,9 @@ class AdaptiveLimit:
     """Completions and requests in flight averaged over a life: the pace of answers of one length."""
     _last_modelled: float | None = None
     """The modelled KV of the requests running at the last tick that learned the occupancy."""
+    _paused_from: int | None = None
+    """The limit an over-target cut paused refills from: given back once the cache is under the
+    target again (rule 3 is a pause, not a new limit)."""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -306,6 +318,7 @@ class AdaptiveLimit:
             self._ceiling, self._probe_step = math.inf, 1
             self._slow_start = True
             self._turnover = Turnover()
+            self._paused_from = None
             return min(current, s.initial_limit), "restart detected: cautious start"
         usage = server.kv_usage if server else None
         if usage is not None and usage >= s.target_kv / 2:
@@ -327,18 +340,24 @@ class AdaptiveLimit:
                 why = f"KV usage {usage:.2f}"
             backed = math.floor(min(current, max(obs.in_flight, 1)) * s.backoff)
             self._ceiling, self._probe_step = max(backed, s.min_limit), 1
-            self._slow_start = False
+            self._slow_start, self._paused_from = False, None
             return backed, f"back off: {why}"
         if usage is not None and usage > s.target_kv and obs.in_flight > 0:
             seen = server.running if server is not None and server.running else obs.in_flight
             over = math.floor(seen * s.target_kv / usage)
             if over < current:
                 self._slow_start = False
+                self._paused_from = max(self._paused_from or 0, current)
                 return max(over, s.min_limit), f"over target: KV usage {usage:.2f}, no refills until it falls"
         queued = server.queued if server else None
         if queued is not None and queued > 2 * allowance and server is not None and server.running:
             trimmed = min(current, server.running + allowance)
             return trimmed, f"trim: server queue {queued} > ready allowance {allowance}"
+        if self._paused_from is not None and usage is not None and usage < s.target_kv - s.resume_below:
+            paused, self._paused_from = self._paused_from, None
+            resumed = paused if budget is None else min(paused, max(budget, current))
+            if resumed > current:
+                return resumed, "under the target again: the limit before the pause given back"
         binds = obs.in_flight >= current - 1 and obs.waiting > 0
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:

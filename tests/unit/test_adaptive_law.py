@@ -118,6 +118,47 @@ def test_a_cache_that_stays_over_the_target_is_not_cut_again_each_tick() -> None
     assert later.limit == 13  # 14 x 0.90 / 0.95, below those running now: still no refill
 
 
+def test_the_limit_an_over_target_cut_paused_from_is_given_back_under_the_target() -> None:
+    """The cut stops refills until the cache falls; then the limit before it is given back, not
+    regrown only where it binds (paced, what is in flight stays below the limit, so it never
+    bound: the simulator's cache sat at 0.57-0.80 for 20 s after such a cut, with credit to spare)."""
+    law = AdaptiveLimit(LawSettings(initial_limit=47, target_kv=0.9))
+    law._slow_start = False
+    cut = law.observe(obs(1, server(0.94, 40), 40, per_request=380))
+    assert cut.reason.startswith("over target") and cut.limit == 38  # 40 x 0.90 / 0.94
+    still = law.observe(obs(2, server(0.92, 38), 38, per_request=380))
+    assert still.limit == 37  # still over: the cut of this reading, refills still stopped
+    back = law.observe(obs(3, server(0.50, 30), 30, per_request=250))
+    assert back.limit == 47 and back.reason.startswith("under the target again")
+    assert law.observe(obs(4, server(0.50, 30), 30, per_request=250)).limit == 47  # given back once
+
+
+def test_a_cache_hovering_at_the_target_does_not_pause_and_resume_every_tick() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=47, target_kv=0.9, resume_below=0.02))
+    law._slow_start = False
+    assert law.observe(obs(1, server(0.91, 40), 40, per_request=250)).limit == 39  # 40 x 0.90 / 0.91
+    for at in (2, 3, 4):  # under the target, not by the margin: still paused
+        assert law.observe(obs(at, server(0.89, 36), 36, per_request=250)).limit == 39
+    assert law.observe(obs(5, server(0.87, 36), 36, per_request=250)).limit == 47
+
+
+def test_the_limit_given_back_after_a_pause_stays_within_the_budget_and_a_back_off_forgets_it() -> None:
+    law = AdaptiveLimit(LawSettings(initial_limit=60, target_kv=0.9))
+    law._slow_start = False
+    law.observe(obs(1, server(0.95, 40), 40, per_request=350))
+    # 30 in flight of 350 tokens each: the budget holds 30 + the newcomers that fit + the allowance
+    back = law.observe(obs(2, server(0.6, 30), 30, per_request=350))
+    assert back.budget_limit is not None and back.limit == back.budget_limit < 60
+    law = AdaptiveLimit(LawSettings(initial_limit=47, target_kv=0.9))
+    law._slow_start = False
+    law.observe(obs(1, server(0.94, 40, retracted=1), 40, per_request=2000))
+    law.observe(obs(2, server(0.95, 40, retracted=1), 40, per_request=2000))  # paused from 47
+    backed = law.observe(obs(3, server(0.96, 38, retracted=3), 38, per_request=2000))
+    assert backed.reason.startswith("back off")
+    after = law.observe(obs(30, server(0.5, 30, retracted=3), 30, per_request=2000))
+    assert after.limit < 47 and not after.reason.startswith("under the target again")
+
+
 def test_a_retraction_backs_off_below_in_flight_and_holds_growth_for_a_request_life() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=40, backoff=0.75))
     # first reading: the counter's baseline; answered requests held their slot 12 s
@@ -344,7 +385,7 @@ def test_the_stream_aims_at_what_the_budget_holds_with_ages_spread() -> None:
     )
     decision = law.observe(observed)
     settings = law.settings
-    assert decision.budget_tokens is not None
+    assert decision.budget_tokens is not None and settings.pace_factor is not None
     aim = decision.budget_tokens * settings.target_kv / settings.peak_kv / 1000.0
     assert aim < settings.pace_factor * law.limit  # the budget binds, not the limit
     assert decision.pace_per_s == pytest.approx(1.0 + 0.5 * (aim - few) / 4.0)

@@ -84,8 +84,9 @@ def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None
 
 
 LOADS_RUN = RECORDED.with_name("sglang_0.5.23_loads_300.parquet")
-"""The same workload recorded 2026-12-04 with SGLang read both ways each tick (`/metrics` for the
-counters, `/v1/loads` for the load and the decode steps that run the decode clock): no retraction."""
+"""The same workload recorded with SGLang read both ways each tick (`/metrics` for the counters,
+`/v1/loads` for the load and the decode steps that run the decode clock): no retraction.
+Re-recorded 2026-12-06 when an over-target cut became a pause (the limit before it given back)."""
 
 
 def test_a_run_recorded_with_the_loads_and_the_step_clock_replays_decision_for_decision() -> None:
@@ -100,6 +101,9 @@ def test_a_run_recorded_with_the_loads_and_the_step_clock_replays_decision_for_d
     ]
     assert sum(r["retractions"] for r in rows) == 0
     assert any(r["credit"] == 0 and r["waiting"] for r in rows)
+    paused = [d for d in replayed if d.reason.startswith("over target")]
+    resumed = [d for d in replayed if d.reason.startswith("under the target again")]
+    assert paused and resumed and resumed[0].at > paused[0].at and resumed[0].limit > resumed[0].previous
 
 
 @pytest.mark.parametrize("lengths", [None, AnswerLengths.learn([64, 200, 256, 256], 0.95, 256, 1.0)])
