@@ -36,8 +36,8 @@ The rules, checked in this order each tick (about once a second):
    budget. Kept at the cut, the limit bound nothing while the paced stream aimed at 1.1x it, and
    it grew back only where it bound: on the simulator's shift to long answers a cut from 47 to 38
    at 0.94 left the cache at 0.57-0.80 for 20 s with credit for 12-22 more, the stream aiming at
-   41 (given back, the long phase made 2-5 % more in three of four invocations, 1 % less in the
-   fourth; bench/README.md).
+   41 (given back, the long phase made 1.7 % more in the median of five invocations, from 1.3 %
+   less to 4.9 % more; bench/README.md).
 4. Budget in tokens, looking ahead (``outlook.py``): from each request's age, its category's expected
    prompt and output and the per-request decode rate, project what the requests in flight will
    hold over a newcomer's life; the budget is those in flight plus the newcomers that keep the
