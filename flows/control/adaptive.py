@@ -355,7 +355,7 @@ class AdaptiveLimit:
             return trimmed, f"trim: server queue {queued} > ready allowance {allowance}"
         if self._paused_from is not None and usage is not None and usage < s.target_kv - s.resume_below:
             paused, self._paused_from = self._paused_from, None
-            resumed = paused if budget is None else min(paused, max(budget, current))
+            resumed = _within_budget(paused, budget, current)
             if resumed > current:
                 return resumed, "under the target again: the limit before the pause given back"
         binds = obs.in_flight >= current - 1 and obs.waiting > 0
@@ -374,8 +374,7 @@ class AdaptiveLimit:
                     return current, "probing above the last back-off"
             if usage is not None and usage > 0.05:
                 grown = min(grown, max(current + 1, math.floor(current * s.target_kv / usage)))
-            if budget is not None:  # the budget stops growth; its credit stops admissions
-                grown = min(grown, max(budget, current))
+            grown = _within_budget(grown, budget, current)  # its credit stops admissions
             return grown, "grow: room in the KV cache and prompts waiting"
         if not binds:
             return current, "limit not binding"
@@ -494,6 +493,12 @@ class AdaptiveLimit:
         s = self.settings
         wanted = math.ceil(obs.completions_per_s * s.staleness_s)
         return max(s.min_queue, min(wanted, obs.in_flight // 8))
+
+
+def _within_budget(limit: int, budget: int | None, current: int) -> int:
+    """A raised limit stops at the budget (growth and a pause's end alike), never below the limit
+    now: the budget is a bound on raising it, not a cut."""
+    return limit if budget is None else min(limit, max(budget, current))
 
 
 def _clamp(value: int, low: int, high: int) -> int:
