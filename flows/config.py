@@ -175,7 +175,7 @@ class ConcurrencyConfig(_Strict):
         default=True,
         description="After the slow start, while the answers are of about one length and long beside "
         "their prompts (a third or more of a request's KV), admit a steady stream: as fast as requests "
-        "end, averaged over a request's life, plus half the way to the aim each life (and no faster "
+        "end, averaged over a request's life, plus the way to the aim over a life (and no faster "
         "than the KV budget's projection allows), so a burst of answers that finish together is not "
         "admitted back as a burst; false admits at once.",
     )

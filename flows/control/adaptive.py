@@ -37,7 +37,13 @@ The rules, checked in this order each tick (about once a second):
    it grew back only where it bound: on the simulator's shift to long answers a cut from 47 to 38
    at 0.94 left the cache at 0.57-0.80 for 20 s with credit for 12-22 more, the stream aiming at
    41 (given back, the long phase made 1.7 % more in the median of five invocations, from 1.3 %
-   less to 4.9 % more; bench/README.md).
+   less to 4.9 % more; bench/README.md). A paced stream (below) pauses over ``peak_kv`` instead,
+   and resumes under it: its answers are of one length and their ages spread, so each end frees
+   a whole request's KV and each newcomer adds only its prompt, and the cache saws around the mean
+   the stream aims at (the target) by about a request's size. Paused over the target, the tops of
+   the saw stopped refills and held the mean under it (the simulator's long phase: 1-12 pauses
+   a minute, the cache at 0.78-0.85 on average, 40-44 in flight against an aim of 42-49). Past
+   the peak the stream itself has overshot.
 4. Budget in tokens, looking ahead (``outlook.py``): from each request's age, its category's expected
    prompt and output and the per-request decode rate, project what the requests in flight will
    hold over a newcomer's life; the budget is those in flight plus the newcomers that keep the
@@ -157,11 +163,14 @@ class LawSettings:
     about 300 (a share near 0.2), 1,200 prompts: the law paced ran at 0.72x fixed 64, unpaced at
     0.82x (bench/README, eleventh session); the simulator's long phase (answers of 4,096 tokens:
     0.83-1.0 of a request's KV) is paced as before."""
-    stream_gain: float = 0.5
+    stream_gain: float = 1.0
     """Paced, each request life the stream closes this share of the gap between the requests in
-    flight and its aim (``turnover.py``): a deficit is made up over about two lives, so the dip a
-    burst of ends leaves is not refilled as a new burst, and the measured life, which lags the real
-    one, does not set where in flight settles."""
+    flight and its aim (``turnover.py``); both averaged over a life, so the dip a burst of ends
+    leaves is not refilled as a new burst. The aim moves with the newcomers' prompt sizes: closing
+    half the gap a life, in flight trailed it by 3-7 requests (the simulator's long phase, the cache
+    at 0.74-0.80 while the aim held 0.90), the whole gap by about one, and the long phase made
+    1.4-5.1 % more in four runs with the pause over the peak (rule 3), no more retractions
+    (bench/README, twenty-sixth session)."""
     pace_burst_share: float = 0.0625
     """The pacer's bucket: this share of the limit (at least 2) may be admitted at once."""
 
@@ -342,9 +351,10 @@ class AdaptiveLimit:
             self._ceiling, self._probe_step = max(backed, s.min_limit), 1
             self._slow_start, self._paused_from = False, None
             return backed, f"back off: {why}"
-        if usage is not None and usage > s.target_kv and obs.in_flight > 0:
+        pause_at = s.peak_kv if self._paces(obs) else s.target_kv
+        if usage is not None and usage > pause_at and obs.in_flight > 0:
             seen = server.running if server is not None and server.running else obs.in_flight
-            over = math.floor(seen * s.target_kv / usage)
+            over = math.floor(seen * pause_at / usage)
             if over < current:
                 self._slow_start = False
                 self._paused_from = max(self._paused_from or 0, current)
@@ -353,7 +363,7 @@ class AdaptiveLimit:
         if queued is not None and queued > 2 * allowance and server is not None and server.running:
             trimmed = min(current, server.running + allowance)
             return trimmed, f"trim: server queue {queued} > ready allowance {allowance}"
-        if self._paused_from is not None and usage is not None and usage < s.target_kv - s.resume_below:
+        if self._paused_from is not None and usage is not None and usage < pause_at - s.resume_below:
             paused, self._paused_from = self._paused_from, None
             resumed = _within_budget(paused, budget, current)
             if resumed > current:
@@ -429,20 +439,25 @@ class AdaptiveLimit:
         """
         s = self.settings
         burst = max(2.0, self._limit * s.pace_burst_share)
-        life = obs.request_life_s
-        if s.pace_factor is None or self._slow_start or not obs.healthy or not life or life <= 0:
+        life, outlook = obs.request_life_s, obs.outlook
+        if s.pace_factor is None or not life or not self._paces(obs):  # (both checked there: for mypy)
             return None, burst
-        if obs.output_spread is None or obs.output_spread >= s.pace_below_spread:
-            return None, burst  # answers of spread lengths dissolve a burst on their own
-        outlook = obs.outlook
-        if outlook is not None and outlook.growth_share() < s.pace_above_growth:
-            return None, burst  # a burst of short answers barely swings the cache: batched prefills pay
         aim, stream = s.pace_factor * self._limit, None
         if budget_tokens is not None and outlook is not None:
             aim = min(aim, outlook.steady_count(budget_tokens * s.target_kv / s.peak_kv))
             stream = outlook.stream_rate(budget_tokens)  # 0 against a cohort at the budget
         pace = self._turnover.pace(aim, life, s.stream_gain)
         return (pace if stream is None else min(pace, stream)), burst
+
+    def _paces(self, obs: Observation) -> bool:
+        """Whether this tick's admissions are a steady stream (the conditions ``_pace`` documents)."""
+        s, life, outlook = self.settings, obs.request_life_s, obs.outlook
+        if s.pace_factor is None or self._slow_start or not obs.healthy or not life or life <= 0:
+            return False
+        if obs.output_spread is None or obs.output_spread >= s.pace_below_spread:
+            return False  # answers of spread lengths dissolve a burst on their own
+        # a burst of short answers barely swings the cache: batched prefills pay
+        return outlook is None or outlook.growth_share() >= s.pace_above_growth
 
     def _learn_occupancy(self, obs: Observation) -> None:
         """KV tokens used per modelled token of the requests running (a moving average): what the

@@ -142,6 +142,30 @@ def test_a_cache_hovering_at_the_target_does_not_pause_and_resume_every_tick() -
     assert law.observe(obs(5, server(0.87, 36), 36, per_request=250)).limit == 47
 
 
+def test_a_paced_stream_pauses_over_the_peak_and_an_unpaced_one_over_the_target() -> None:
+    """Paced, answers of one length with their ages spread: each end frees a whole request's KV and
+    each newcomer adds its prompt, so the cache saws around the mean that the stream aims at (the
+    target) by about one request's size. Paused over the target, every top of the saw stopped
+    refills and the mean sat under it (the simulator's long phase: 0.86-0.88 at a target of 0.90, 41
+    in flight against the 43 the stream aimed at). Paced, the pause waits for the outlook's peak."""
+    settings = LawSettings(initial_limit=47, target_kv=0.9)
+    paced = AdaptiveLimit(settings)
+    paced._slow_start = False
+    tooth = paced.observe(obs(1, server(0.92, 41), 41, per_request=360, life=7.0, spread=0.0))
+    assert tooth.pace_per_s is not None and tooth.limit == 47
+    assert not tooth.reason.startswith("over target")
+    over = paced.observe(obs(2, server(0.96, 41), 41, per_request=360, life=7.0, spread=0.0))
+    assert over.reason.startswith("over target") and over.limit == 40  # 41 x 0.94 / 0.96
+    assert paced.observe(obs(3, server(0.93, 38), 38, per_request=360, life=7.0)).limit == 40
+    back = paced.observe(obs(4, server(0.91, 38), 38, per_request=360, life=7.0))
+    assert back.reason.startswith("under the target again") and back.limit > 40  # (the budget's 45)
+    unpaced = AdaptiveLimit(settings)
+    unpaced._slow_start = False
+    cut = unpaced.observe(obs(1, server(0.92, 41), 41, per_request=360, life=7.0, spread=0.6))
+    assert cut.pace_per_s is None and cut.reason.startswith("over target")
+    assert cut.limit == 40  # 41 x 0.90 / 0.92
+
+
 def test_the_limit_given_back_after_a_pause_stays_within_the_budget_and_a_back_off_forgets_it() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=60, target_kv=0.9))
     law._slow_start = False
@@ -355,8 +379,8 @@ def test_admissions_are_unpaced_in_the_slow_start_and_a_steady_stream_after() ->
     limit = law.limit
     last = law.observe(obs(2, server(0.7, limit), limit, rate=3.0, life=10.0))
     # requests end 3 a second, so 3 a second keep in flight level; the aim is 1.1 x the limit (the
-    # budget holds more), and half the way there is made up over a life of 10 s
-    assert last.pace_per_s == pytest.approx(3.0 + 0.5 * (1.1 * limit - limit) / 10.0)
+    # budget holds more), and the way there is made up over a life of 10 s
+    assert last.pace_per_s == pytest.approx(3.0 + settings.stream_gain * (1.1 * limit - limit) / 10.0)
     assert last.pace_burst == max(2.0, last.limit * settings.pace_burst_share)
     assert last.request_life_s == 10.0  # recorded, so a replay paces the same
 
@@ -370,7 +394,8 @@ def test_a_burst_of_ends_is_refilled_over_a_life_not_at_once() -> None:
     law.observe(obs(2, server(0.8, limit), limit, rate=6.0, life=10.0))
     burst = law.observe(obs(3, server(0.4, limit - 28), limit - 28, rate=34.0, life=10.0))
     ends, in_flight = 6.0 + 28.0 / 10.0, limit - 2.8  # each averaged over a tenth of a life
-    assert burst.pace_per_s == pytest.approx(ends + 0.5 * (1.1 * limit - in_flight) / 10.0)
+    gain = law.settings.stream_gain
+    assert burst.pace_per_s == pytest.approx(ends + gain * (1.1 * limit - in_flight) / 10.0)
     assert burst.pace_per_s is not None and burst.pace_per_s < 34.0 / 3
 
 
@@ -388,7 +413,7 @@ def test_the_stream_aims_at_what_the_budget_holds_with_ages_spread() -> None:
     assert decision.budget_tokens is not None and settings.pace_factor is not None
     aim = decision.budget_tokens * settings.target_kv / settings.peak_kv / 1000.0
     assert aim < settings.pace_factor * law.limit  # the budget binds, not the limit
-    assert decision.pace_per_s == pytest.approx(1.0 + 0.5 * (aim - few) / 4.0)
+    assert decision.pace_per_s == pytest.approx(1.0 + settings.stream_gain * (aim - few) / 4.0)
 
 
 def test_no_pacing_while_the_endpoint_is_down_or_before_any_answer() -> None:

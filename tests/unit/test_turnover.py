@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from flows.control.adaptive import LawSettings
 from flows.control.pacer import Pacer
 from flows.control.turnover import Turnover
+
+GAIN = LawSettings().stream_gain
 
 
 def test_before_any_answer_nothing_is_averaged_and_the_pace_turns_the_aim_over_once_a_life() -> None:
@@ -40,7 +43,8 @@ def test_the_pace_keeps_in_flight_level_at_the_aim_and_closes_a_share_of_a_gap_e
 def test_a_cohorts_refills_come_as_a_stream_and_in_flight_settles_at_the_aim() -> None:
     """Forty requests of one length admitted together end together. Refilled at the tick's rate of
     ends they would form the next cohort; at the averaged rate the refills spread over a life, the
-    ends after it come one or two a tick, and in flight climbs to the aim over a few lives."""
+    ends after it come a few a tick (the aim turns over two a tick: never the cohort of 40 again), and
+    in flight climbs to the aim within a few lives."""
     life, tick, aim = 5.0, 0.25, 40
     ends = [life] * aim
     turnover, pacer = Turnover(), Pacer()
@@ -51,11 +55,39 @@ def test_a_cohorts_refills_come_as_a_stream_and_in_flight_settles_at_the_aim() -
         ended = [end for end in ends if end <= now]
         ends = [end for end in ends if end > now]
         turnover.add(now, len(ended) / tick, len(ends), life)
-        pacer.set(turnover.pace(aim, life, 0.5), 2.0, now)
+        pacer.set(turnover.pace(aim, life, GAIN), 2.0, now)
         while len(ends) < aim and pacer.wait_s(now) == 0.0:
             pacer.take(now)
             ends.append(now + life)
         trace.append((now, len(ends), len(ended)))
     after_the_cohort = [(at, count, ended) for at, count, ended in trace if at > life + tick]
-    assert max(ended for _, _, ended in after_the_cohort) <= 2
-    assert min(count for at, count, _ in after_the_cohort if at > 30.0) >= 0.9 * aim
+    assert max(ended for _, _, ended in after_the_cohort) <= 3
+    assert min(count for at, count, _ in after_the_cohort if at > 20.0) >= 0.95 * aim
+
+
+def test_in_flight_follows_an_aim_that_moves_over_a_few_lives() -> None:
+    """The aim moves while the prompts' sizes drift (the simulator's dataset: newcomers' prompts from
+    450 to 55 tokens and back over a minute). Closing half the gap each life, in flight trailed such
+    an aim by 3-7 requests, the cache at 0.74-0.80 against the 0.90 the aim holds; the whole gap each
+    life, it trails by about one, and settles without overshooting once the aim stops."""
+    life, tick = 7.0, 0.25
+    ends = [life * i / 40 for i in range(40)]  # 40 in flight, ages spread
+    turnover, pacer = Turnover(), Pacer()
+    trailing, settled = [], []
+    now = 0.0
+    while now < 60.0:
+        now += tick
+        aim = 40.0 + 10.0 * min(max(now - 10.0, 0.0), 30.0) / 30.0  # 40 to 50 over 10-40 s
+        ended = [end for end in ends if end <= now]
+        ends = [end for end in ends if end > now]
+        turnover.add(now, len(ended) / tick, len(ends), life)
+        pacer.set(turnover.pace(aim, life, GAIN), 2.0, now)
+        while len(ends) < 2 * aim and pacer.wait_s(now) == 0.0:  # the limit is not what binds
+            pacer.take(now)
+            ends.append(now + life)
+        if 30.0 < now <= 40.0:
+            trailing.append(aim - len(ends))
+        if now > 45.0:
+            settled.append(len(ends))
+    assert sum(trailing) / len(trailing) <= 2.0
+    assert min(settled) >= 48 and max(settled) <= 52
