@@ -57,8 +57,14 @@ The rules, checked in this order each tick (about once a second):
    lane works the credit out again from the outlook when a request ends (``Lane.redo_credit``).
    The budget also stops growth, and it reacts to a shift towards longer answers before the gauges
    show it.
-5. A long server queue (more than twice the ready-queue allowance): the server admits fewer than we
-   send (its admission rule or ``--max-running-requests``); trim to running + allowance.
+5. A long server queue (more than twice the ready-queue allowance) in two readings running: the
+   server admits fewer than we send (its admission rule or ``--max-running-requests``); trim to
+   running + allowance. One reading is not enough: when a cohort of short answers ends together,
+   its refills wait for their prefill, and a reading in that moment sees few running and many
+   queued (on the real SGLang, workload 2: 8-32 running and 13-95 queued, the next reading none
+   queued); trimmed to it, the limit fell from 150 to 26 and to 11 with the cache at a fifth, and
+   the batch was 72-85 against 94-105 with the rule waiting for a second reading (bench/README,
+   twenty-sixth session).
 6. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
    and prompts waiting): grow, never past the token budget: in the slow start (until the cache is
    half the target full, or the first back-off) straight to the budget where the
@@ -258,6 +264,8 @@ class AdaptiveLimit:
     """Completions and requests in flight averaged over a life: the pace of answers of one length."""
     _last_modelled: float | None = None
     """The modelled KV of the requests running at the last tick that learned the occupancy."""
+    _queue_was_long: bool = False
+    """The last reading's server queue was more than twice the ready-queue allowance (rule 5)."""
     _paused_from: int | None = None
     """The limit an over-target cut paused refills from: given back once the cache is under the
     target again (rule 3 is a pause, not a new limit)."""
@@ -285,7 +293,8 @@ class AdaptiveLimit:
             budget = obs.in_flight + math.floor(obs.outlook.room(budget_tokens)) + allowance
             credit = obs.outlook.credit(budget_tokens)
         current = self._limit
-        target, reason = self._target(obs, retractions, restarted, budget, allowance)
+        flooded = self._queue_stays_long(server, allowance)
+        target, reason = self._target(obs, retractions, restarted, budget, allowance, flooded)
         self._limit = _clamp(target, s.min_limit, s.max_limit)
         pace, burst = self._pace(obs, budget_tokens)
         return Decision(
@@ -316,7 +325,13 @@ class AdaptiveLimit:
 
     # -- the rules --------------------------------------------------------------------------------
     def _target(
-        self, obs: Observation, retractions: int, restarted: bool, budget: int | None, allowance: int
+        self,
+        obs: Observation,
+        retractions: int,
+        restarted: bool,
+        budget: int | None,
+        allowance: int,
+        flooded: bool,
     ) -> tuple[int, str]:
         s, server, current = self.settings, obs.server, self._limit
         if not obs.healthy:
@@ -360,7 +375,7 @@ class AdaptiveLimit:
                 self._paused_from = max(self._paused_from or 0, current)
                 return max(over, s.min_limit), f"over target: KV usage {usage:.2f}, no refills until it falls"
         queued = server.queued if server else None
-        if queued is not None and queued > 2 * allowance and server is not None and server.running:
+        if flooded and server is not None and server.running:
             trimmed = min(current, server.running + allowance)
             return trimmed, f"trim: server queue {queued} > ready allowance {allowance}"
         if self._paused_from is not None and usage is not None and usage < pause_at - s.resume_below:
@@ -393,6 +408,12 @@ class AdaptiveLimit:
         return current, "at target"
 
     # -- what the rules read ------------------------------------------------------------------------
+    def _queue_stays_long(self, server: ServerSample | None, allowance: int) -> bool:
+        """The server queue is more than twice the allowance in this reading and the last (rule 5)."""
+        long = server is not None and server.queued is not None and server.queued > 2 * allowance
+        stays, self._queue_was_long = long and self._queue_was_long, long
+        return stays
+
     def _retractions(self, server: ServerSample | None) -> int:
         if server is None or server.preemptions_total is None:
             return 0

@@ -219,9 +219,24 @@ def test_health_coming_back_is_a_restart() -> None:
 def test_a_flooded_server_queue_is_trimmed_to_running_plus_a_short_ready_queue() -> None:
     law = AdaptiveLimit(LawSettings(initial_limit=8))
     law._limit = 150
-    decision = law.observe(obs(1, server(0.9, 50, queued=100), 150, per_request=50, rate=3.0))
+    first = law.observe(obs(1, server(0.9, 50, queued=100), 150, per_request=50, rate=3.0))
+    assert not first.reason.startswith("trim") and first.limit == 150  # one reading may be a moment
+    decision = law.observe(obs(2, server(0.9, 50, queued=100), 150, per_request=50, rate=3.0))
     assert decision.reason.startswith("trim")
     assert decision.limit == 50 + decision.queue_allowance and decision.queue_allowance == 6  # 3/s x 2 s
+
+
+def test_the_refills_of_a_cohort_that_just_ended_waiting_for_their_prefill_are_not_a_flood() -> None:
+    """Short answers admitted together end together; their refills queue for their prefill, and a
+    reading in that moment sees few running (the real SGLang: 8 running, 95 queued, the next reading
+    none queued). Trimmed to it, the limit fell to a fifth of what the cache holds."""
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    law._limit, law._slow_start = 150, False
+    law.observe(obs(1, server(0.7, 140, queued=0), 140, per_request=300, rate=5.0))
+    moment = law.observe(obs(2, server(0.15, 8, queued=95), 140, per_request=300, rate=60.0))
+    assert not moment.reason.startswith("trim") and moment.limit == 150
+    after = law.observe(obs(3, server(0.6, 130, queued=0), 140, per_request=300, rate=10.0))
+    assert not after.reason.startswith("trim") and after.limit == 150
 
 
 def test_a_shift_to_longer_answers_stops_admissions_before_the_cache_fills() -> None:

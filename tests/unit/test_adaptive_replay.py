@@ -86,7 +86,8 @@ def test_a_run_recorded_with_the_outlook_replays_decision_for_decision() -> None
 LOADS_RUN = RECORDED.with_name("sglang_0.5.23_loads_300.parquet")
 """The same workload recorded with SGLang read both ways each tick (`/metrics` for the counters,
 `/v1/loads` for the load and the decode steps that run the decode clock): no retraction.
-Re-recorded 2026-12-06 when an over-target cut became a pause (the limit before it given back)."""
+Re-recorded 2026-12-06 when an over-target cut became a pause (the limit before it given back), and
+again when a trim came to need a long server queue in two readings running (twenty-sixth session)."""
 
 
 def test_a_run_recorded_with_the_loads_and_the_step_clock_replays_decision_for_decision() -> None:
