@@ -61,7 +61,7 @@ The rules, checked in this order each tick (about once a second):
    server admits fewer than we send (its admission rule or ``--max-running-requests``); trim to
    running + allowance. One reading is not enough: when a cohort of short answers ends together,
    its refills wait for their prefill, and a reading in that moment sees few running and many
-   queued (on the real SGLang, workload 2: 8-32 running and 13-95 queued, the next reading none
+   queued (on the real SGLang, workload 2: 8-39 running and 13-95 queued, the next reading none
    queued); trimmed to it, the limit fell from 150 to 26 and to 11 with the cache at a fifth, and
    the batch was 72-85 against 94-105 with the rule waiting for a second reading (bench/README,
    twenty-sixth session).
