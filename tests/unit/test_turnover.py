@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from flows.control.adaptive import LawSettings
@@ -40,27 +42,39 @@ def test_the_pace_keeps_in_flight_level_at_the_aim_and_closes_a_share_of_a_gap_e
     assert above.pace(aim=40.0, life_s=7.0, gain=0.5) == 0.0  # never negative
 
 
+def _stream(
+    ends: list[float], aim: Callable[[float], float], cap_per_aim: float, life: float, until: float
+) -> list[tuple[float, float, int, int]]:
+    """Run a paced stream of one answer length in closed loop, a tick at a time: requests end at
+    their times, the turnover averages the ends, the pacer admits at its pace while in flight is
+    under `cap_per_aim` times the aim. Returns (time, aim, in flight, ended that tick) per tick."""
+    tick = 0.25
+    ends = list(ends)
+    turnover, pacer = Turnover(), Pacer()
+    trace: list[tuple[float, float, int, int]] = []
+    now = 0.0
+    while now < until:
+        now += tick
+        aim_now = aim(now)
+        ended = [end for end in ends if end <= now]
+        ends = [end for end in ends if end > now]
+        turnover.add(now, len(ended) / tick, len(ends), life)
+        pacer.set(turnover.pace(aim_now, life, GAIN), 2.0, now)
+        while len(ends) < cap_per_aim * aim_now and pacer.wait_s(now) == 0.0:
+            pacer.take(now)
+            ends.append(now + life)
+        trace.append((now, aim_now, len(ends), len(ended)))
+    return trace
+
+
 def test_a_cohorts_refills_come_as_a_stream_and_in_flight_settles_at_the_aim() -> None:
     """Forty requests of one length admitted together end together. Refilled at the tick's rate of
     ends they would form the next cohort; at the averaged rate the refills spread over a life, the
     ends after it come a few a tick (the aim turns over two a tick: never the cohort of 40 again), and
     in flight climbs to the aim within a few lives."""
-    life, tick, aim = 5.0, 0.25, 40
-    ends = [life] * aim
-    turnover, pacer = Turnover(), Pacer()
-    trace: list[tuple[float, int, int]] = []
-    now = 0.0
-    while now < 40.0:
-        now += tick
-        ended = [end for end in ends if end <= now]
-        ends = [end for end in ends if end > now]
-        turnover.add(now, len(ended) / tick, len(ends), life)
-        pacer.set(turnover.pace(aim, life, GAIN), 2.0, now)
-        while len(ends) < aim and pacer.wait_s(now) == 0.0:
-            pacer.take(now)
-            ends.append(now + life)
-        trace.append((now, len(ends), len(ended)))
-    after_the_cohort = [(at, count, ended) for at, count, ended in trace if at > life + tick]
+    life, aim = 5.0, 40
+    trace = _stream([life] * aim, lambda _: aim, 1.0, life, until=40.0)
+    after_the_cohort = [(at, count, ended) for at, _, count, ended in trace if at > life + 0.25]
     assert max(ended for _, _, ended in after_the_cohort) <= 3
     assert min(count for at, count, _ in after_the_cohort if at > 20.0) >= 0.95 * aim
 
@@ -70,24 +84,14 @@ def test_in_flight_follows_an_aim_that_moves_over_a_few_lives() -> None:
     450 to 55 tokens and back over a minute). Closing half the gap each life, in flight trailed such
     an aim by 3-7 requests, the cache at 0.74-0.80 against the 0.90 the aim holds; the whole gap each
     life, it trails by about one, and settles without overshooting once the aim stops."""
-    life, tick = 7.0, 0.25
-    ends = [life * i / 40 for i in range(40)]  # 40 in flight, ages spread
-    turnover, pacer = Turnover(), Pacer()
-    trailing, settled = [], []
-    now = 0.0
-    while now < 60.0:
-        now += tick
-        aim = 40.0 + 10.0 * min(max(now - 10.0, 0.0), 30.0) / 30.0  # 40 to 50 over 10-40 s
-        ended = [end for end in ends if end <= now]
-        ends = [end for end in ends if end > now]
-        turnover.add(now, len(ended) / tick, len(ends), life)
-        pacer.set(turnover.pace(aim, life, GAIN), 2.0, now)
-        while len(ends) < 2 * aim and pacer.wait_s(now) == 0.0:  # the limit is not what binds
-            pacer.take(now)
-            ends.append(now + life)
-        if 30.0 < now <= 40.0:
-            trailing.append(aim - len(ends))
-        if now > 45.0:
-            settled.append(len(ends))
+    life = 7.0
+
+    def aim(now: float) -> float:
+        return 40.0 + 10.0 * min(max(now - 10.0, 0.0), 30.0) / 30.0  # 40 to 50 over 10-40 s
+
+    spread = [life * i / 40 for i in range(40)]  # 40 in flight, ages spread
+    trace = _stream(spread, aim, 2.0, life, until=60.0)  # the limit is not what binds
+    trailing = [aim_now - count for at, aim_now, count, _ in trace if 30.0 < at <= 40.0]
+    settled = [count for at, _, count, _ in trace if at > 45.0]
     assert sum(trailing) / len(trailing) <= 2.0
     assert min(settled) >= 48 and max(settled) <= 52
