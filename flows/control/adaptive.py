@@ -66,12 +66,21 @@ The rules, checked in this order each tick (about once a second):
    the batch was 72-85 against 94-105 with the rule waiting for a second reading (bench/README,
    twenty-sixth session).
 6. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
-   and prompts waiting): grow, never past the token budget: in the slow start (until the cache is
-   half the target full, or the first back-off) straight to the budget where the
-   server says its pool size, else doubling; then by ``grow`` a tick. Until answers come back the
-   budget counts every request at its final size (no decode rate yet), so it is what surely fits; the
-   doubling took four ticks to reach it, and on the real CPU SGLang the first ten seconds of a
-   300-prompt run then ran 35 requests on average against fixed 64's 63 (a tenth of the run).
+   and prompts waiting): grow, never past the budget (the token budget's, and at most what the
+   server runs at once, its ``max_running_requests``, and the ready queue: more only wait in its
+   queue): straight to it where the server says its pool size, no further than the reading allows
+   at the requests' size now (the limit x ``target_kv`` / usage), and past the last back-off only
+   by probing (rule 2); where the pool size is unknown, doubling in the slow start (until the cache
+   is half the target full, or the first back-off) and by ``grow`` a tick after it. Until answers
+   come back the budget counts every request at its final size (no decode rate yet), so it is what
+   surely fits; the doubling took four ticks to reach it, and on the real CPU SGLang the first ten
+   seconds of a 300-prompt run then ran 35 requests on average against fixed 64's 63 (a tenth of
+   the run). After the slow start the limit grew by ``grow`` a tick: pauses (rule 3) keep it near
+   what is in flight, and when the prompts then turned short (a new category, or a prompt set
+   ordered by length) it took five ticks to reach what the budget held, the cache at a fifth to a
+   half (the real SGLang, workload 1: 28 to 82 while the credit said 32-60 more fit). Given the
+   budget at once, and the budget capped at the server's running requests, workload 1 made 0.98-1.00x
+   fixed 64 in three invocations against 0.91-0.98x before (bench/README, twenty-seventh session).
 7. Otherwise hold.
 
 Each decision also sets the lane's admission pace (``pacer.py``) while the answers are of about one
@@ -122,6 +131,7 @@ class LawSettings:
     max_limit: int = 1024
     initial_limit: int = 8
     grow: float = 1.25
+    """Growth a tick where the server does not say its pool's size (no token budget to grow to)."""
     backoff: float = 0.85
     """The cut at a back-off. 0.85, not TCP's halving or the 0.75 used before admissions were paced:
     a cut is held for a request's life and probed back slowly, so a deep one costs a life of a
@@ -229,8 +239,9 @@ class Decision:
     free_vram_bytes: int | None
     total_vram_bytes: int | None
     budget_limit: int | None
-    """Those in flight, the newcomers that fit beside them (the credit) and the ready queue: growth
-    stops here."""
+    """Those in flight, the newcomers that fit beside them (the credit) and the ready queue, at most
+    what the server runs at once (its ``max_running_requests``) and the ready queue: growth stops
+    here."""
     queue_allowance: int
     occupancy: float | None
     request_life_s: float | None = None
@@ -292,6 +303,8 @@ class AdaptiveLimit:
             # those in flight, the newcomers that fit beside them, the ready queue
             budget = obs.in_flight + math.floor(obs.outlook.room(budget_tokens)) + allowance
             credit = obs.outlook.credit(budget_tokens)
+            if server is not None and server.max_running:  # more would only wait in its queue
+                budget = min(budget, server.max_running + allowance)
         current = self._limit
         flooded = self._queue_stays_long(server, allowance)
         target, reason = self._target(obs, retractions, restarted, budget, allowance, flooded)
@@ -387,7 +400,7 @@ class AdaptiveLimit:
         room = (usage is None or usage < s.target_kv) and (queued is None or queued <= allowance)
         if binds and room and obs.at >= self._hold_until:
             grown = max(current + 1, math.floor(current * (2.0 if self._slow_start else s.grow)))
-            if self._slow_start and budget is not None:  # what fits at the occupancy known so far
+            if budget is not None:  # what fits at the occupancy known so far
                 grown = max(grown, budget)
             if grown > self._ceiling:  # past the last back-off: probe, one request first
                 if current < self._ceiling:

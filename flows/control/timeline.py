@@ -45,6 +45,7 @@ SAMPLE_COLUMNS = (
     "source",
     "capacity_tokens",
     "block_tokens",
+    "max_running",
     "preemptions_total",
     "generation_tokens_total",
     "decode_tokens_per_s",

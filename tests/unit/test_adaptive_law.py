@@ -454,6 +454,33 @@ def test_the_slow_start_goes_straight_to_the_budget_and_doubles_where_the_pool_s
     assert blind.observe(obs(2, None, 16, per_request=200, rate=0.0)).limit == 32
 
 
+def test_after_the_slow_start_a_binding_limit_with_room_goes_straight_to_the_budget() -> None:
+    """Pauses keep the limit near what is in flight; once the prompts turn short (a new category,
+    or a prompt set ordered by length) the budget has room for many more, and growing a quarter a
+    tick took five ticks with the cache at a fifth to a half (the real SGLang, workload 1: 28 to
+    82 while the credit said 32-60 more fit). The limit goes to what the budget holds at once, no
+    further than the reading allows at the requests' size now."""
+    law = AdaptiveLimit(LawSettings(initial_limit=28))
+    law._slow_start = False
+    held, newcomer = 8000.0, 200.0  # 28 in flight, most of them long prompts; the waiting ones short
+    outlook = Outlook(held, (held,), 0.0, newcomer)
+    reading = server(held / CAPACITY, 28)
+    decision = law.observe(Observation(1, reading, 28, 5, outlook, completions_per_s=2.0))
+    budget = 28 + math.floor((PEAK * CAPACITY - held) / newcomer) + 3  # and a ready queue of 3
+    by_reading = math.floor(28 * LawSettings().target_kv / (held / CAPACITY))
+    assert decision.budget_limit == budget and decision.reason.startswith("grow")
+    assert decision.limit == min(budget, by_reading) > 35  # a quarter more: 35
+
+
+def test_the_budget_stops_at_what_the_server_runs_at_once_and_a_ready_queue() -> None:
+    """More than the server's ``max_running_requests`` only wait in its queue, where it admits them
+    by its own estimate."""
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    reading = replace(server(0.03, 8), max_running=16)
+    jumped = law.observe(obs(1, reading, 8, per_request=200, rate=0.0))
+    assert jumped.budget_limit == 16 + 2 and jumped.limit == 18  # the slow start's jump stops there
+
+
 def test_the_budget_admits_beside_requests_about_to_end_not_beside_a_young_cohort() -> None:
     """The same 40 requests in flight: admitted together they will all be at their final size at
     once; admitted one after another the oldest free their room while newcomers grow."""

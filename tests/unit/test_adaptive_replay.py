@@ -87,7 +87,9 @@ LOADS_RUN = RECORDED.with_name("sglang_0.5.23_loads_300.parquet")
 """The same workload recorded with SGLang read both ways each tick (`/metrics` for the counters,
 `/v1/loads` for the load and the decode steps that run the decode clock): no retraction.
 Re-recorded 2026-12-06 when an over-target cut became a pause (the limit before it given back), and
-again when a trim came to need a long server queue in two readings running (twenty-sixth session)."""
+again when a trim came to need a long server queue in two readings running (twenty-sixth session),
+and when the budget came to stop at the server's `max_running_requests` (the timeline then began to
+keep it; twenty-seventh session)."""
 
 
 def test_a_run_recorded_with_the_loads_and_the_step_clock_replays_decision_for_decision() -> None:
@@ -102,6 +104,9 @@ def test_a_run_recorded_with_the_loads_and_the_step_clock_replays_decision_for_d
     ]
     assert sum(r["retractions"] for r in rows) == 0
     assert any(r["credit"] == 0 and r["waiting"] for r in rows)
+    assert {r["max_running"] for r in rows} == {64}  # the server runs 64 at once: the budget stops there
+    assert all(d.budget_limit is None or d.budget_limit <= 64 + d.queue_allowance for d in replayed)
+    assert replayed[0].budget_limit == 64 + replayed[0].queue_allowance  # the slow start's jump
     paused = [d for d in replayed if d.reason.startswith("over target")]
     resumed = [d for d in replayed if d.reason.startswith("under the target again")]
     assert paused and resumed and resumed[0].at > paused[0].at and resumed[0].limit > resumed[0].previous
@@ -120,6 +125,7 @@ def test_a_decision_written_to_the_timeline_reads_back_as_what_the_law_was_given
         preemptions_total=3.0,
         capacity_tokens=16384,
         block_tokens=128,
+        max_running=48,
         generation_tokens_total=1000.0,
     )
     outlook = project([cohort(300.0, 200.0, 256, [0.5, 1.0, 2.0], lengths)], 50.0, pad_tokens=63.5)
