@@ -58,12 +58,13 @@ The rules, checked in this order each tick (about once a second):
    The budget also stops growth, and it reacts to a shift towards longer answers before the gauges
    show it.
 5. A long server queue (more than twice the ready-queue allowance) in two readings running: the
-   server admits fewer than we send (its admission rule or ``--max-running-requests``); trim to
-   running + allowance. One reading is not enough: when a cohort of short answers ends together,
-   its refills wait for their prefill, and a reading in that moment sees few running and many
-   queued (on the real SGLang, workload 2: 8-39 running and 13-95 queued, the next reading none
-   queued); trimmed to it, the limit fell from 150 to 26 and to 11 with the cache at a fifth, and
-   the batch was 72-85 against 94-105 with the rule waiting for a second reading (bench/README,
+   server admits fewer than we send (its own admission rule, or ``--max-running-requests`` where
+   the server does not say it: where ``/v1/loads`` does, rule 6's budget stops there before a queue
+   forms); trim to running + allowance. One reading is not enough: when a cohort of short answers
+   ends together, its refills wait for their prefill, and a reading in that moment sees few running
+   and many queued (on the real SGLang, workload 2: 8-39 running and 13-95 queued, the next reading
+   none queued); trimmed to it, the limit fell from 150 to 26 and to 11 with the cache at a fifth,
+   and the batch was 72-85 against 94-105 with the rule waiting for a second reading (bench/README,
    twenty-sixth session).
 6. Room (usage below target, queue within allowance) and the limit binds (in flight at the limit
    and prompts waiting): grow, never past the budget (the token budget's, and at most what the

@@ -19,7 +19,12 @@ PEAK = LawSettings().peak_kv
 
 
 def server(
-    usage: float, running: int, queued: int = 0, retracted: float = 0.0, capacity: int = CAPACITY
+    usage: float,
+    running: int,
+    queued: int = 0,
+    retracted: float = 0.0,
+    capacity: int = CAPACITY,
+    max_running: int | None = None,
 ) -> ServerSample:
     return ServerSample(
         source="sglang-metrics",
@@ -28,6 +33,7 @@ def server(
         queued=queued,
         preemptions_total=retracted,
         capacity_tokens=capacity,
+        max_running=max_running,
     )
 
 
@@ -476,7 +482,7 @@ def test_the_budget_stops_at_what_the_server_runs_at_once_and_a_ready_queue() ->
     """More than the server's ``max_running_requests`` only wait in its queue, where it admits them
     by its own estimate."""
     law = AdaptiveLimit(LawSettings(initial_limit=8))
-    reading = replace(server(0.03, 8), max_running=16)
+    reading = server(0.03, 8, max_running=16)
     jumped = law.observe(obs(1, reading, 8, per_request=200, rate=0.0))
     assert jumped.budget_limit == 16 + 2 and jumped.limit == 18  # the slow start's jump stops there
 
