@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -112,6 +113,7 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
         (sample.name, sample.labels, sample.value)
         for family in text_string_to_metric_families(kept)
         for sample in family.samples
+        if math.isfinite(sample.value)  # NaN and ±Inf are valid exposition, not a load
     ]
 
 
@@ -175,29 +177,35 @@ def _vllm_capacity(cache_config: dict[str, str]) -> int | None:
     return int(blocks) * int(block) if blocks.isdigit() and block.isdigit() else None
 
 
-def parse_loads(document: dict[str, Any]) -> ServerSample | None:
-    """SGLang's ``/v1/loads`` JSON (fresher than the gauges, no retraction counter): summed over DP ranks."""
+def parse_loads(document: object) -> ServerSample | None:
+    """SGLang's ``/v1/loads`` JSON (fresher than the gauges, no retraction counter): summed over DP ranks.
+
+    A field that is absent, null or not a finite number counts as 0 in a sum (a rank that does not
+    say it), as before for absent ones; a document that is not the expected object reads as None
+    (a proxy's or a restarting server's answer), never as an error that would stop the controller."""
     loads = rank_loads(document)
     if not loads:
         return None
-    used = sum(float(e.get("num_used_tokens", 0)) for e in loads)
-    capacity = sum(int(e.get("max_total_num_tokens", 0)) for e in loads)
+    used = _sum_of(loads, "num_used_tokens") or 0.0
+    capacity = int(_sum_of(loads, "max_total_num_tokens") or 0)
+    max_running = int(_sum_of(loads, "max_running_requests") or 0)
     return ServerSample(
         source="sglang-loads",
-        kv_usage=used / capacity if capacity else None,
-        running=sum(int(e.get("num_running_reqs", 0)) for e in loads),
-        queued=sum(int(e.get("num_waiting_reqs", 0)) for e in loads),
-        capacity_tokens=capacity or None,
-        max_running=sum(int(e.get("max_running_requests", 0)) for e in loads) or None,
+        kv_usage=used / capacity if capacity > 0 else None,
+        running=int(_sum_of(loads, "num_running_reqs") or 0),
+        queued=int(_sum_of(loads, "num_waiting_reqs") or 0),
+        capacity_tokens=capacity if capacity > 0 else None,
+        max_running=max_running if max_running > 0 else None,
         decode_tokens_per_s=_sum_of(loads, "gen_throughput"),
         busy_us=_mean_over_ranks([_busy_us(e) for e in loads]),
         decode_steps=_mean_over_ranks([decode_moment(e, 0) for e in loads]),
     )
 
 
-def rank_loads(document: dict[str, Any]) -> list[dict[str, Any]]:
-    """The per-DP-rank entries of a ``/v1/loads`` answer."""
-    return [entry for entry in document.get("loads", []) if isinstance(entry, dict)]
+def rank_loads(document: object) -> list[dict[str, Any]]:
+    """The per-DP-rank entries of a ``/v1/loads`` answer (none where it is not one)."""
+    entries = document.get("loads") if isinstance(document, dict) else None
+    return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
 
 
 def with_loads(metrics: ServerSample, loads: ServerSample | None) -> ServerSample:
@@ -219,26 +227,35 @@ def with_loads(metrics: ServerSample, loads: ServerSample | None) -> ServerSampl
     )
 
 
+def _finite(value: object) -> float | None:
+    """A JSON value as a number, where it is one (not a bool, not NaN or infinite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def _sum_of(loads: list[dict[str, Any]], key: str) -> float | None:
     """The ranks' values of ``key`` summed; None where no rank says it (an older server)."""
-    values = [float(e[key]) for e in loads if isinstance(e.get(key), int | float)]
+    values = [v for v in (_finite(e.get(key)) for e in loads) if v is not None]
     return sum(values) if values else None
 
 
 def decode_moment(load: dict[str, Any], index: int) -> float | None:
     """One rank's ``decode_moments[index]``: the moments are [steps, sum of batch sizes, sum of step
     µs, ...] (absent before the first decode step: 0); None where the server has no such counters
-    (before 0.5.2x, which also counts its prefill time)."""
-    if not isinstance(load.get("total_prefill_busy_us"), int | float):
+    (before 0.5.2x, which also counts its prefill time) or says them as no number."""
+    if _finite(load.get("total_prefill_busy_us")) is None:
         return None
     moments = load.get("decode_moments")
-    return float(moments[index]) if isinstance(moments, list) and len(moments) > index else 0.0
+    if not isinstance(moments, list) or len(moments) <= index:
+        return 0.0
+    return _finite(moments[index])
 
 
 def _busy_us(load: dict[str, Any]) -> float | None:
     """One rank's decode and prefill step time so far."""
-    decode = decode_moment(load, 2)
-    return None if decode is None else float(load["total_prefill_busy_us"]) + decode
+    prefill, decode = _finite(load.get("total_prefill_busy_us")), decode_moment(load, 2)
+    return None if prefill is None or decode is None else prefill + decode
 
 
 def _mean_over_ranks(values: list[float | None]) -> float | None:
@@ -315,18 +332,25 @@ class SignalReader:
         return self._has_loads
 
     async def loads(self) -> ServerSample | None:
-        """``/v1/loads``, where the server has it. A server that answers without the route is not asked
-        again; one that cannot answer now (a restart) is asked next time."""
+        """``/v1/loads``, where the server has it. A server without the route (404, 405, an answer that
+        is not JSON) is not asked again; one that cannot answer now (a restart, a proxy's error, a
+        document without loads) is asked next time."""
         try:
             response = await self._http.get(f"{self.url}/v1/loads")
-            if response.status_code >= 500:
+            if response.status_code in (404, 405):
+                self._has_loads = False
                 return None
-            loads = parse_loads(response.json()) if response.status_code == 200 else None
+            if response.status_code != 200:
+                return None
+            document = response.json()
         except httpx.HTTPError:
             return None
         except ValueError:  # not JSON: a server of another kind
-            loads = None
-        self._has_loads = loads is not None
+            self._has_loads = False
+            return None
+        loads = parse_loads(document)
+        if loads is not None:
+            self._has_loads = True
         return loads
 
     def _warn_once(self) -> None:

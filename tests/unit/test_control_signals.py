@@ -197,3 +197,62 @@ def test_sglang_is_read_both_ways_each_poll_and_a_failed_snapshot_leaves_the_gau
         "sglang-metrics+loads",
     ]
     assert sglang.asked == {"/metrics": 3, "/v1/loads": 3}
+
+
+def test_a_malformed_loads_document_reads_as_no_sample_or_as_what_it_does_say() -> None:
+    """What a proxy, a restarting server or a newer schema may answer: never an exception (one would
+    stop the endpoint's controller with its limit and pace frozen)."""
+    for document in (None, [], "busy", {"loads": None}, {"loads": "x"}, {"loads": [None, 3]}):
+        assert parse_loads(document) is None
+    rank = json.loads(_text("sglang-0.5.23/v1_loads_load.json"))["loads"][0]
+    nulls = {**rank, "num_used_tokens": None, "num_running_reqs": None, "max_running_requests": "64"}
+    sample = parse_loads({"loads": [nulls]})
+    assert sample is not None
+    assert (sample.kv_usage, sample.running, sample.queued, sample.max_running) == (0.0, 0, 56, None)
+    broken = {
+        **rank,
+        "max_total_num_tokens": None,
+        "gen_throughput": float("nan"),
+        "decode_moments": [1, None, None],
+    }
+    sample = parse_loads({"loads": [broken]})
+    assert sample is not None
+    assert (sample.kv_usage, sample.capacity_tokens, sample.decode_tokens_per_s, sample.busy_us) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert sample.decode_steps == 1.0
+
+
+def test_non_finite_gauges_read_as_not_said() -> None:
+    text = _text("sglang-0.5.23/metrics_after_retraction.prom")
+    lines = [
+        'sglang:token_usage{tp_rank="0"} NaN' if line.startswith("sglang:token_usage{") else line
+        for line in text.splitlines()
+    ]
+    lines = [
+        line.rsplit(" ", 1)[0] + " +Inf" if line.startswith("sglang:num_queue_reqs{") else line
+        for line in lines
+    ]
+    sample = parse_metrics("\n".join(lines) + "\n")
+    assert sample is not None and sample.kv_usage is None and sample.queued is None
+    assert sample.running == 10  # the rest as the server said it
+
+
+def test_a_loads_answer_that_is_no_document_is_asked_again_and_a_missing_route_is_not() -> None:
+    load = json.loads(_text("sglang-0.5.23/v1_loads_load.json"))
+    sglang = _Server(
+        _text("sglang-0.5.23/metrics_after_retraction.prom"),
+        [httpx.Response(200, json=[]), httpx.Response(401), httpx.Response(200, json=load)],
+    )
+    samples = asyncio.run(_reads(sglang, 3))
+    assert [s.source if s else None for s in samples] == [
+        "sglang-metrics",
+        "sglang-metrics",
+        "sglang-metrics+loads",
+    ]
+    absent = _Server(_text("sglang-0.5.23/metrics_after_retraction.prom"), [httpx.Response(405)])
+    asyncio.run(_reads(absent, 3))
+    assert absent.asked == {"/metrics": 3, "/v1/loads": 1}
