@@ -52,6 +52,9 @@ class EndpointController:
         self.busy = BusyMeter()
         """The server's busy share (SGLang's own counter): for the live views and the report."""
         self._rate = 0.0
+        self.failed_ticks = 0
+        """Ticks that raised (``_tick_failed``): in the run's summary, since each is a second unsteered."""
+        self._failing = False
 
     @property
     def url(self) -> str:
@@ -65,19 +68,57 @@ class EndpointController:
         last_at, last_completed = started, self.lane.completed
         while True:
             await asyncio.sleep(self.poll_s)
-            sample = with_pool(await self.reader.read(), self.capacity, self.page)
-            memory = await self.vram.read() if self.vram is not None else None
-            now = time.monotonic()
-            if sample is not None and sample.busy_us is not None:
-                self.busy.add(now, sample.busy_us)
-            done = self.lane.completed
-            rate = (done - last_completed) / max(now - last_at, 1e-6)
-            self._rate += RATE_ALPHA * (rate - self._rate)
-            last_at, last_completed = now, done
-            self.tick(now - started, sample, memory)
+            try:
+                sample = with_pool(await self.reader.read(), self.capacity, self.page)
+                memory = await self.vram.read() if self.vram is not None else None
+                now = time.monotonic()
+                if sample is not None and sample.busy_us is not None:
+                    self.busy.add(now, sample.busy_us)
+                done = self.lane.completed
+                rate = (done - last_completed) / max(now - last_at, 1e-6)
+                self._rate += RATE_ALPHA * (rate - self._rate)
+                last_at, last_completed = now, done
+                self.tick(now - started, sample, memory)
+            except Exception as error:
+                self._tick_failed(error)
+            else:
+                self._tick_worked()
             # waiters see the new limit, credit and pace now, not at the next release (with nothing
             # in flight there is none: a pace raised from zero woke nobody)
             await self.limiter.notify()
+
+    def _tick_failed(self, error: Exception) -> None:
+        """A tick that raised (a server's answer no reader foresaw, a bug): the lane runs on as a
+        fixed limit would, at the last limit with no pace and no token credit, until a tick works.
+
+        Left as the last decision set them, a lane paced at zero (a cohort at the budget) admitted
+        nothing ever again: the controller's task had died, and only its next tick would have
+        changed the pace. The first failure is a warning with its traceback (for the user to
+        report); later spells are logged at INFO.
+        """
+        self.failed_ticks += 1
+        self.lane.pacer.set(None, 1.0, time.monotonic())
+        self.lane.set_credit(None)
+        self.lane.budget_tokens = None
+        if not self._failing:
+            self._failing = True
+            log.log(
+                logging.WARNING if self.failed_ticks == 1 else logging.INFO,
+                "%s: the concurrency controller failed (%s: %s); holding the limit at %d without "
+                "pacing until it works again",
+                self.url,
+                type(error).__name__,
+                error,
+                self.law.limit,
+                exc_info=error if self.failed_ticks == 1 else None,
+            )
+
+    def _tick_worked(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.info(
+                "%s: the concurrency controller works again (%d failed ticks)", self.url, self.failed_ticks
+            )
 
     def tick(self, at: float, sample: ServerSample | None, memory: VramSample | None = None) -> Decision:
         """One decision from what the lane, the server and the GPUs say now."""

@@ -140,6 +140,7 @@ class Control:
                     "signal_reads": reads,
                     "signal_read_ms": round(1000 * controller.reader.read_seconds / max(reads, 1), 2),
                     "server_busy": controller.busy.overall(),
+                    "failed_ticks": controller.failed_ticks,
                 }
             )
         return {"mode": "adaptive", "endpoints": endpoints}

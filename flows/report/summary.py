@@ -161,6 +161,14 @@ def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
             f"| {e['changes']} | {e['back_offs']} | {e['retractions']} | {e['max_queued']} "
             f"| {'-' if busy is None else f'{busy:.0%}'} | {e['signal_reads']} | {e['signal_read_ms']} |"
         )
+    failed = [e for e in concurrency["endpoints"] if e.get("failed_ticks")]  # absent in older summaries
+    if failed:
+        lines.append("")
+    lines += [
+        f"- {e['endpoint']}: the controller failed in {e['failed_ticks']} ticks and held its limit "
+        "without pacing meanwhile; the log has the first failure's traceback."
+        for e in failed
+    ]
     lines += ["", f"![controller timeline]({CONTROLLER_PLOT})"]
     return lines
 

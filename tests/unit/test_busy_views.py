@@ -35,3 +35,29 @@ def test_the_report_table_has_the_busy_share_and_a_dash_where_there_is_none() ->
     table = [line for line in lines if line.startswith("| http://a")]
     assert [line.split(" | ")[8] for line in table] == ["96%", "-", "-"]  # the last: a summary from before
     assert "server busy" in lines[2]
+    assert not any("failed" in line for line in lines)
+
+
+def test_the_report_says_where_the_controller_failed() -> None:
+    row = {
+        "endpoint": "http://b",
+        "final_limit": 40,
+        "min_limit": 8,
+        "max_limit": 64,
+        "decisions": 40,
+        "changes": 3,
+        "back_offs": 0,
+        "retractions": 0,
+        "max_queued": 2,
+        "signal_reads": 40,
+        "signal_read_ms": 3.1,
+        "failed_ticks": 7,
+    }
+    lines = concurrency_markdown(
+        {"mode": "adaptive", "endpoints": [row, {**row, "endpoint": "http://c", "failed_ticks": 0}]}
+    )
+    said = [line for line in lines if "failed" in line]
+    assert said == [
+        "- http://b: the controller failed in 7 ticks and held its limit without pacing meanwhile; "
+        "the log has the first failure's traceback."
+    ]
