@@ -249,11 +249,14 @@ class Limiter(Generic[T]):
             return lane
 
     async def release(self, lane: Lane[T], footprint: Footprint | None = None) -> None:
+        """Count the slot free at once, then wake the waiters: a release cancelled while it waits for
+        the condition (a shard torn down) still frees its slot, which the lane would otherwise have
+        lost for the rest of the run."""
+        lane.in_flight -= 1
+        if footprint is not None:
+            lane.forget(footprint)
+            lane.redo_credit(time.monotonic())
         async with self._changed:
-            lane.in_flight -= 1
-            if footprint is not None:
-                lane.forget(footprint)
-                lane.redo_credit(time.monotonic())
             self._changed.notify_all()
 
     @contextlib.asynccontextmanager

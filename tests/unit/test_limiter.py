@@ -244,6 +244,17 @@ async def test_a_cancelled_waiter_at_the_head_lets_the_next_one_in() -> None:
     assert lane.endpoint == "a" and limiter.in_flight == 1 and limiter.waiting == 0
 
 
+async def test_a_release_cancelled_while_it_waits_to_wake_the_others_still_frees_its_slot() -> None:
+    limiter: Limiter[str] = Limiter([Lane("a", FixedLimit(2))])
+    lane = await limiter.acquire()
+    async with limiter._changed:  # another coroutine holds the condition
+        release = asyncio.create_task(limiter.release(lane))
+        await asyncio.sleep(0.01)
+        release.cancel()
+        await asyncio.gather(release, return_exceptions=True)
+    assert release.cancelled() and limiter.in_flight == 0
+
+
 async def test_a_request_that_ends_between_decisions_frees_the_credit_its_end_makes() -> None:
     """Two requests that will hold 200 tokens each leave no room for a third under a budget of 450;
     when one ends, the credit is worked out again at once, not at the next decision."""
