@@ -210,7 +210,11 @@ class Limiter(Generic[T]):
             return None, None
         ready = [lane for wait, lane in waits if wait == 0.0]
         if ready:
-            return max(ready, key=lambda candidate: candidate.room), None
+            chosen = max(ready, key=lambda candidate: candidate.room)
+            for _, lane in waits:  # served elsewhere: a paced lane owes this waiter nothing
+                if lane is not chosen:
+                    lane.pacer.forget_waiter()
+            return chosen, None
         soonest = min(wait for wait, _ in waits)
         return None, soonest if math.isfinite(soonest) else None  # paced at zero: wait for a change
 

@@ -244,6 +244,25 @@ async def test_a_cancelled_waiter_at_the_head_lets_the_next_one_in() -> None:
     assert lane.endpoint == "a" and limiter.in_flight == 1 and limiter.waiting == 0
 
 
+async def test_a_paced_lane_passed_over_for_one_with_room_is_not_owed_a_burst_later() -> None:
+    """The waiter was told to come back to the paced lane, then served by the other: the paced lane's
+    quiet spell from then on earns one bucket, not every token since (a burst of refills)."""
+    paced, free = Lane("paced", FixedLimit(10)), Lane("free", FixedLimit(10))
+    limiter: Limiter[str] = Limiter([paced, free])
+    paced.pacer.set(10.0, 1.0, time.monotonic())
+    paced.pacer.take(time.monotonic())  # its bucket spent
+    for _ in range(9):
+        await limiter.acquire()  # the paced lane has more room but must wait: the free one serves
+    assert paced.in_flight == 0 and free.in_flight == 9
+    await asyncio.sleep(0.5)  # five tokens' time at 10 a second
+    now = time.monotonic()
+    admitted = 0
+    while paced.pacer.wait_s(now) == 0.0:
+        paced.pacer.take(now)
+        admitted += 1
+    assert admitted == 1
+
+
 async def test_a_release_cancelled_while_it_waits_to_wake_the_others_still_frees_its_slot() -> None:
     limiter: Limiter[str] = Limiter([Lane("a", FixedLimit(2))])
     lane = await limiter.acquire()
