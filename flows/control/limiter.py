@@ -170,6 +170,14 @@ class Lane(Generic[T]):
         return self.limit.limit - self.in_flight if self.credit >= 1 else 0
 
 
+class GateClosed(Exception):
+    """The run is stopping (``Limiter.close``): no waiter is admitted any more."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Limiter(Generic[T]):
     """Admits a request to the lane (endpoint) with the most room; waits while every lane is full.
 
@@ -192,6 +200,9 @@ class Limiter(Generic[T]):
         self._changed = asyncio.Condition()
         self._queue: deque[object] = deque()
         """One ticket per waiter, in arrival order: the head is served first."""
+        self.closed = asyncio.Event()
+        """Set by ``close``: every shard of every category stops, not only the one that saw why."""
+        self.closed_reason: str | None = None
 
     @property
     def in_flight(self) -> int:
@@ -223,6 +234,20 @@ class Limiter(Generic[T]):
         async with self._changed:
             self._changed.notify_all()
 
+    async def close(self, reason: str) -> None:
+        """Stop the run: every waiter, now or later, gets ``GateClosed``; releases still count.
+
+        A run stops when no endpoint can serve it (a bad key, every server gone for good). The
+        request that learns it stops its own shard; the others' dispatchers may be waiting for a slot
+        that no closed lane will ever give (measured: a second category waited forever after the
+        first had aborted, and the run never ended), so the gate itself closes.
+        """
+        async with self._changed:
+            if self.closed_reason is None:
+                self.closed_reason = reason
+            self.closed.set()
+            self._changed.notify_all()
+
     async def acquire(self, footprint: Footprint | None = None) -> Lane[T]:
         """A slot on the lane with the most room; ``footprint`` (if any) is counted by its budget."""
         async with self._changed:
@@ -231,6 +256,8 @@ class Limiter(Generic[T]):
             self._queue.append(ticket)
             try:
                 while True:
+                    if self.closed_reason is not None:
+                        raise GateClosed(self.closed_reason)
                     now = time.monotonic()
                     lane, wait = self._best(now) if self._queue[0] is ticket else (None, None)
                     if lane is not None:

@@ -18,7 +18,7 @@ from flows.client.guard import Endpoint
 from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
 from flows.control.demand import CategoryDemand
-from flows.control.limiter import Lane, Limiter
+from flows.control.limiter import GateClosed, Lane, Limiter
 from flows.run.prompt_stream import Ask, Reject
 from flows.run.quality import TRUNCATED
 from flows.run.regen import regenerate
@@ -206,8 +206,10 @@ async def pump_shard(
 ) -> None:
     """Send every record of the shard, write every conversion reject; return when all are settled.
 
-    The dispatcher runs as its own task so that a fatal error stops it even while it waits for a
-    slot (every lane may be closed when the run must stop). ``before_first`` is awaited before the
+    A fatal error closes the limiter (``Limiter.close``), which stops every shard of every category
+    sharing it: each raises ``RunAborted`` with the first reason, its unsettled prompts neither rows
+    nor rejects (a resume sends them). The dispatcher runs as its own task so that the close stops
+    it even while it waits for a slot. ``before_first`` is awaited before the
     first request (the categories' start line). After each admission the dispatcher yields, so
     that with free slots to share (the start, a raised limit) the shards' dispatchers take them in
     turn instead of the first one taking them all.
@@ -216,7 +218,6 @@ async def pump_shard(
     held: Held = {}
     needs: dict[asyncio.Task[None], Demand | None] = {}
     fatal: list[FatalEndpointError] = []
-    stop = asyncio.Event()
 
     async def run(item: Ask, need: Demand | None) -> None:
         task = asyncio.current_task()
@@ -225,7 +226,9 @@ async def pump_shard(
             await _ask(item, held, limiter, category, sampling, sink, patience, need)
         except FatalEndpointError as error:
             fatal.append(error)
-            stop.set()
+            await limiter.close(error.reason)
+        except GateClosed:
+            pass  # the run stops while this prompt moved endpoints: a resume sends it
         finally:
             lane = held.pop(task, None)
             needs.pop(task, None)
@@ -236,7 +239,7 @@ async def pump_shard(
         if before_first is not None:
             await before_first()
         for item in items:
-            if stop.is_set():
+            if limiter.closed.is_set():
                 return
             if isinstance(item, Reject):
                 sink.rejects.add(item.row)
@@ -244,7 +247,10 @@ async def pump_shard(
                 continue
             sink.tally.queued += 1
             need = Demand.of(demand, item.record)
-            lane = await limiter.acquire(need)
+            try:
+                lane = await limiter.acquire(need)
+            except GateClosed:
+                return
             task = asyncio.create_task(run(item, need))
             held[task] = lane  # before the task first runs: create_task only schedules it
             needs[task] = need
@@ -253,12 +259,12 @@ async def pump_shard(
             await asyncio.sleep(0)
 
     dispatcher = asyncio.create_task(dispatch())
-    stopped = asyncio.create_task(stop.wait())
+    stopped = asyncio.create_task(limiter.closed.wait())
     try:
         await asyncio.wait({dispatcher, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if dispatcher.done():
             dispatcher.result()
-        while pending and not stop.is_set():
+        while pending and not limiter.closed.is_set():
             await asyncio.wait({*pending, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in (dispatcher, stopped, *pending):
@@ -266,5 +272,5 @@ async def pump_shard(
         await asyncio.gather(dispatcher, stopped, *pending, return_exceptions=True)
         for task in list(held):  # cancelled before they ran: their slots are still taken
             await limiter.release(held.pop(task), needs.pop(task, None))
-    if fatal:
-        raise RunAborted(fatal[0].reason) from fatal[0]
+    if limiter.closed_reason is not None:
+        raise RunAborted(limiter.closed_reason) from (fatal[0] if fatal else None)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flows.control.limit import FixedLimit
-from flows.control.limiter import Lane, Limiter
+from flows.control.limiter import GateClosed, Lane, Limiter
 from flows.control.outlook import Cohort
 from flows.control.signals import ServerSample
 
@@ -272,6 +272,21 @@ async def test_a_release_cancelled_while_it_waits_to_wake_the_others_still_frees
         release.cancel()
         await asyncio.gather(release, return_exceptions=True)
     assert release.cancelled() and limiter.in_flight == 0
+
+
+async def test_a_closed_gate_stops_every_waiter_now_and_later_and_still_counts_releases() -> None:
+    limiter: Limiter[str] = Limiter([Lane("a", FixedLimit(1))])
+    first = await limiter.acquire()
+    waiters = [asyncio.create_task(limiter.acquire()) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    await limiter.close("unauthorized (401)")
+    await limiter.close("a second reason")  # the first one is what the user reads
+    results = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 1)
+    assert all(isinstance(r, GateClosed) and r.reason == "unauthorized (401)" for r in results)
+    await limiter.release(first)
+    with pytest.raises(GateClosed):
+        await limiter.acquire()  # even with room
+    assert limiter.in_flight == 0 and limiter.waiting == 0 and limiter.closed.is_set()
 
 
 async def test_a_request_that_ends_between_decisions_frees_the_credit_its_end_makes() -> None:

@@ -165,6 +165,29 @@ async def test_fatal_endpoint_error_aborts_without_rejecting(tmp_path: Path) -> 
     assert limiter.in_flight == 0
 
 
+async def test_a_fatal_error_in_one_category_stops_the_others_waiting_for_a_slot(tmp_path: Path) -> None:
+    """The categories share the limiter: one that aborts must not leave another waiting forever."""
+    client = FakeClient()
+    limiter = _lanes(client, limit=1)
+    sampling = SamplingParams(max_tokens=8)
+    first, second = _sink(tmp_path / "a"), _sink(tmp_path / "b")
+    shards = [
+        pump_shard([_item(0, "key")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=first),
+        pump_shard(
+            [_item(i, "ok") for i in range(1, 40)],
+            limiter=limiter,
+            category=CATEGORY,
+            sampling=sampling,
+            sink=second,
+        ),
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*shards, return_exceptions=True), 10)
+    assert [type(result) for result in results] == [RunAborted, RunAborted]
+    assert all("401" in str(result) for result in results)
+    assert second.tally.rows < 39 and second.rejects.pending == 0  # stopped, nothing rejected
+    assert limiter.in_flight == 0
+
+
 async def test_exhausted_retries_during_an_outage_are_asked_again_once_the_server_is_back(
     tmp_path: Path,
 ) -> None:
