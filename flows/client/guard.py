@@ -70,7 +70,8 @@ class EndpointGuard:
             if self.gone:
                 return await self._mark_if_healthy()
             self.up = False
-            deadline = time.monotonic() + (self.patience_s if patience_s is None else patience_s)
+            patience = self.patience_s if patience_s is None else patience_s
+            deadline = time.monotonic() + patience
             while True:
                 if self.engine is not None:
                     try:
@@ -86,9 +87,7 @@ class EndpointGuard:
                     self.recoveries += 1
                     return True
                 if time.monotonic() >= deadline:
-                    log.error(
-                        "%s has not been healthy for %.0f s: giving up on it", self.url, self.patience_s
-                    )
+                    log.error("%s has not been healthy for %.0f s: giving up on it", self.url, patience)
                     self.gone = True
                     return False
                 await asyncio.sleep(self.poll_s)

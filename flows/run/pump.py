@@ -139,12 +139,12 @@ async def _ask(
             if round_ == RECOVERY_ROUNDS - 1:
                 _reject(record, sink, client, error, prompt_hash, retryable=True)
                 return
-            others = any(other is not lane and other.endpoint.guard.up for other in limiter.lanes)
+            # an endpoint being waited for by other requests is not given up on: counted as down,
+            # it stopped a healthy run whenever one of its requests was checking its health
+            others = any(other is not lane and not other.endpoint.guard.gone for other in limiter.lanes)
             if not await guard.recover(patience.failover_s if others else patience.outage_s):
-                if not any(other.endpoint.guard.up for other in limiter.lanes):
-                    raise FatalEndpointError(
-                        f"no endpoint has answered for {patience.outage_s:.0f} s"
-                    ) from error
+                if all(other.endpoint.guard.gone for other in limiter.lanes):
+                    raise FatalEndpointError(_given_up(patience, len(limiter.lanes))) from error
                 # move the prompt to an endpoint that answers
                 await limiter.release(held.pop(task), demand)
                 held[task] = await limiter.acquire(demand)
@@ -164,6 +164,15 @@ async def _ask(
     tally.completion_tokens += usage.completion_tokens
     tally.reasoning_tokens += usage.reasoning_tokens
     tally.retried_attempts += regenerated.attempts - len(regenerated.generations)
+
+
+def _given_up(patience: Patience, endpoints: int) -> str:
+    if endpoints == 1:
+        return f"no endpoint has answered for {patience.outage_s:.0f} s"
+    return (
+        f"no endpoint has answered: each of the {endpoints} was given up on (after "
+        f"{patience.failover_s:.0f} s while another could take its prompts, {patience.outage_s:.0f} s alone)"
+    )
 
 
 def _reject(

@@ -72,9 +72,33 @@ class FakeGuard:
         self.up = True
         self.asked = 0
 
+    @property
+    def gone(self) -> bool:
+        return not self.up
+
     async def recover(self, patience_s: float | None = None) -> bool:
         self.asked += 1
         self.up = self.comes_back
+        return self.comes_back
+
+
+class SlowGuard(FakeGuard):
+    """Comes back, after a health check that takes a while: down, not given up on, meanwhile."""
+
+    def __init__(self, comes_back: bool, check_s: float) -> None:
+        super().__init__(comes_back)
+        self.check_s = check_s
+        self.checking = False
+
+    @property
+    def gone(self) -> bool:
+        return not self.up and not self.checking
+
+    async def recover(self, patience_s: float | None = None) -> bool:
+        self.asked += 1
+        self.up, self.checking = False, True
+        await asyncio.sleep(self.check_s)
+        self.up, self.checking = self.comes_back, False
         return self.comes_back
 
 
@@ -243,3 +267,45 @@ async def test_prompts_move_to_another_endpoint_when_theirs_goes_silent(tmp_path
     assert {row["endpoint"] for row in rows} == {"http://fake"}  # all answered by the live endpoint
     assert limiter.lanes[0].endpoint.guard.up is False  # the silent one took no more prompts
     assert sink.tally.recovered >= 1
+
+
+async def test_an_endpoint_checking_its_health_is_not_given_up_on_by_another_ones_requests(
+    tmp_path: Path,
+) -> None:
+    """A's requests give up on A while B's one failed request checks B's health: the run goes on on
+    B (it stopped here, every lane being down for that moment)."""
+    dead, flaky = FakeClient(), FakeClient()
+    dead.outages, flaky.outages = 10**6, 1
+    dead.endpoint = "http://dead"  # type: ignore[misc]
+    guards = [SlowGuard(comes_back=False, check_s=0.05), SlowGuard(comes_back=True, check_s=0.3)]
+    limiter = Limiter(
+        [
+            Lane(Endpoint(client, guard), GuardedLimit(FixedLimit(1), lambda g=guard: g.up))  # type: ignore[arg-type]
+            for client, guard in zip((dead, flaky), guards, strict=True)
+        ]
+    )
+    sink = _sink(tmp_path)
+    items = [_item(0, "outage"), _item(1, "outage")]
+    await asyncio.wait_for(
+        pump_shard(
+            items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+        ),
+        10,
+    )
+    assert sink.tally.rows == 2 and sink.tally.rejects == 0
+    assert {row["endpoint"] for row in sink.rows._rows} == {"http://fake"}
+
+
+async def test_every_endpoint_given_up_on_stops_the_run_and_says_how_long_each_was_waited_for(
+    tmp_path: Path,
+) -> None:
+    first, second = FakeClient(), FakeClient()
+    first.outages = second.outages = 10**6
+    limiter = _lanes(first, second, limit=2, comes_back=False)
+    sink = _sink(tmp_path)
+    items = [_item(i, "outage") for i in range(10)]
+    with pytest.raises(RunAborted, match=r"each of the 2 was given up on \(after 60 s while another"):
+        await pump_shard(
+            items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+        )
+    assert sink.tally.rows == 0 and sink.tally.rejects == 0 and limiter.in_flight == 0
