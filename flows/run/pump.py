@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ from flows.run.regen import regenerate
 from flows.run.rows import output_row, reject_row
 from flows.store.run_store import ShardWriter
 from prompts.records import PromptRecord
+
+log = logging.getLogger(__name__)
 
 
 class RunAborted(RuntimeError):
@@ -44,6 +47,7 @@ class Tally:
     reasoning_tokens: int = 0
     retried_attempts: int = 0
     recovered: int = 0
+    internal_errors: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -149,7 +153,14 @@ async def _ask(
                 await limiter.release(held.pop(task), demand)
                 held[task] = await limiter.acquire(demand)
             sink.tally.recovered += 1
-    row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
+        except Exception as error:  # not the server's fault nor the prompt's: a bug in reading the answer
+            _reject_internal(record, sink, client, error, prompt_hash)
+            return
+    try:
+        row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
+    except Exception as error:
+        _reject_internal(record, sink, client, error, prompt_hash)
+        return
     sink.rows.add(row)
     tally = sink.tally
     usage = regenerated.usage
@@ -173,6 +184,25 @@ def _given_up(patience: Patience, endpoints: int) -> str:
         f"no endpoint has answered: each of the {endpoints} was given up on (after "
         f"{patience.failover_s:.0f} s while another could take its prompts, {patience.outage_s:.0f} s alone)"
     )
+
+
+def _reject_internal(
+    record: PromptRecord, sink: CategorySink, client: EndpointClient, error: Exception, prompt_hash: str
+) -> None:
+    """A bug, not the server or the prompt: a retryable reject that says so (a resume asks again once
+    it is mended) and the category's first such traceback in the log. Before, the request's task
+    died with the error unread: a prompt with neither a row nor a reject, and a run that said it
+    had finished."""
+    sink.tally.internal_errors += 1
+    if sink.tally.internal_errors == 1:
+        log.error(
+            "category %s: an answer could not be read (%s); its prompt is a retryable reject",
+            record.category,
+            error,
+            exc_info=error,
+        )
+    reason = f"internal error: {type(error).__name__}: {error}"[:300]
+    _reject(record, sink, client, RequestError(reason), prompt_hash, retryable=True)
 
 
 def _reject(

@@ -309,3 +309,28 @@ async def test_every_endpoint_given_up_on_stops_the_run_and_says_how_long_each_w
             items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
         )
     assert sink.tally.rows == 0 and sink.tally.rejects == 0 and limiter.in_flight == 0
+
+
+async def test_an_answer_that_cannot_be_read_is_a_retryable_reject_not_a_lost_prompt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Buggy(FakeClient):
+        async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+            if messages[-1]["content"] == "odd":
+                raise KeyError("tool_calls")
+            return await super().generate(messages, tools, sampling)
+
+    limiter = _lanes(Buggy(), limit=4)
+    sink = _sink(tmp_path)
+    items = [_item(0, "ok"), _item(1, "odd"), _item(2, "ok"), _item(3, "odd")]
+    await pump_shard(
+        items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+    )
+    assert sink.tally.rows == 2 and sink.tally.rejects == 2 and sink.tally.internal_errors == 2
+    rejects = {r["id"]: r for r in sink.rejects._rows}
+    assert set(rejects) == {"p1", "p3"}
+    assert all(r["retryable"] is True for r in rejects.values())
+    assert rejects["p1"]["reason"] == "internal error: KeyError: 'tool_calls'"
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].exc_info is not None  # the first traceback, once
+    assert limiter.in_flight == 0
