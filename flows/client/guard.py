@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ class EndpointGuard:
         self.restarts = 0
         self.on_up: Callable[[], Awaitable[None]] | None = None
         self._last_ok = 0.0
+        self._last_gone_check = -math.inf
         self._lock = asyncio.Lock()
 
     def is_up(self) -> bool:
@@ -68,6 +70,11 @@ class EndpointGuard:
             if self.up and time.monotonic() - self._last_ok < self.fresh_s:
                 return True
             if self.gone:
+                # one health check a poll for all the requests still on it: each checked in turn
+                # under the lock, a host that drops packets (a 5 s timeout) held 256 requests ~20 min
+                if time.monotonic() - self._last_gone_check < self.poll_s:
+                    return False
+                self._last_gone_check = time.monotonic()
                 return await self._mark_if_healthy()
             self.up = False
             patience = self.patience_s if patience_s is None else patience_s

@@ -44,3 +44,24 @@ async def test_guard_restarts_a_launched_engine_once_for_all_waiters() -> None:
         results = await asyncio.gather(*(guard.recover() for _ in range(20)))
     assert results == [True] * 20
     assert engine.calls == 1 and guard.restarts == 1
+
+
+async def test_a_guard_given_up_on_answers_its_waiting_requests_from_one_check_a_poll() -> None:
+    """Requests still on an endpoint given up on each ask it before moving elsewhere: one health
+    check answers all that ask within a poll (each waited for its own before, one after another)."""
+    import asyncio
+
+    guard = EndpointGuard(f"http://127.0.0.1:{_closed_port()}", patience_s=0, poll_s=5)
+    checks = 0
+    healthy = guard.healthy
+
+    async def counted() -> bool:
+        nonlocal checks
+        checks += 1
+        return await healthy()
+
+    guard.healthy = counted  # type: ignore[method-assign]
+    assert await guard.recover() is False and guard.gone
+    checks = 0
+    results = await asyncio.gather(*(guard.recover() for _ in range(50)))
+    assert results == [False] * 50 and checks == 1
