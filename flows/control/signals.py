@@ -209,14 +209,19 @@ def rank_loads(document: object) -> list[dict[str, Any]]:
 
 
 def with_loads(metrics: ServerSample, loads: ServerSample | None) -> ServerSample:
-    """SGLang's two readings as one: the load (KV usage, running, queued) as ``/v1/loads`` says it,
-    a snapshot 15 decode steps old at most against the gauges' 40; the counters and the decode rate
-    (with the requests it was measured over) from ``/metrics``. ``loads`` None: the gauges alone."""
+    """SGLang's two readings as one: the load (KV usage, running, queued, the pool) as ``/v1/loads``
+    says it, a snapshot 15 decode steps old at most against the gauges' 40, summed over DP ranks as
+    the client's requests in flight are; the counters and the decode rate (with the requests it was
+    measured over) from ``/metrics``. ``loads`` None: the gauges alone.
+
+    The pool too: the gauges are rank 0's, so with ``--dp-size N`` the budget was 1/N of the pools
+    that the requests in flight, the usage and the running count (all summed) were measured in."""
     if loads is None:
         return metrics
     return replace(
         metrics,
         source="sglang-metrics+loads",
+        capacity_tokens=loads.capacity_tokens or metrics.capacity_tokens,
         kv_usage=loads.kv_usage if loads.kv_usage is not None else metrics.kv_usage,
         running=loads.running,
         queued=loads.queued,
@@ -293,6 +298,9 @@ class SignalReader:
         self._source: str | None = None
         self._warned = False
         self._has_loads: bool | None = None
+        self._pool: int | None = None
+        """The pool as ``/v1/loads`` last said it (all DP ranks): kept through a snapshot that failed,
+        or the gauges' rank-0 pool would read as a resized pool, the law's sign of a restart."""
         self.read_seconds = 0.0
         """Wall time spent reading signals, so the cost of polling is measured, not guessed."""
         self.reads = 0
@@ -305,7 +313,10 @@ class SignalReader:
                 if sample is not None:
                     self._source = source
                     if source == "metrics" and self._has_loads is not False:
-                        sample = with_loads(sample, await self.loads())
+                        loads = await self.loads()
+                        sample = with_loads(sample, loads)
+                        if loads is None and self._pool is not None:
+                            sample = replace(sample, capacity_tokens=self._pool)
                     return sample
             self._source = None
             self._warn_once()
@@ -351,6 +362,7 @@ class SignalReader:
         loads = parse_loads(document)
         if loads is not None:
             self._has_loads = True
+            self._pool = loads.capacity_tokens or self._pool
         return loads
 
     def _warn_once(self) -> None:

@@ -150,6 +150,17 @@ def test_sglang_load_now_from_v1_loads_and_the_counters_and_rate_from_metrics() 
     assert (both.preemptions_total, both.generation_tokens_total) == (1.0, 2257.0 + 16.0)
     assert (both.decode_tokens_per_s, both.decode_running) == (metrics.decode_tokens_per_s, 10)
     assert with_loads(metrics, None) is metrics
+    assert both.capacity_tokens == 4096 == metrics.capacity_tokens  # one rank: the same pool
+
+
+def test_with_data_parallel_ranks_the_pool_is_all_ranks_as_the_load_is() -> None:
+    metrics = parse_metrics(_text("sglang-0.5.23/metrics_after_retraction.prom"))  # rank 0's gauges
+    rank = json.loads(_text("sglang-0.5.23/v1_loads_load.json"))["loads"][0]
+    loads = parse_loads({"loads": [rank, {**rank, "dp_rank": 1, "num_used_tokens": 1000}]})
+    assert metrics is not None and loads is not None
+    both = with_loads(metrics, loads)
+    assert both.capacity_tokens == 2 * 4096 and both.running == 16
+    assert both.kv_usage == (3796 + 1000) / (2 * 4096)
 
 
 class _Server:
@@ -256,3 +267,16 @@ def test_a_loads_answer_that_is_no_document_is_asked_again_and_a_missing_route_i
     absent = _Server(_text("sglang-0.5.23/metrics_after_retraction.prom"), [httpx.Response(405)])
     asyncio.run(_reads(absent, 3))
     assert absent.asked == {"/metrics": 3, "/v1/loads": 1}
+
+
+def test_with_data_parallel_ranks_a_failed_snapshot_keeps_the_pool_the_last_one_said() -> None:
+    """Not rank 0's pool from the gauges for one poll: the law would take the change for a restart."""
+    rank = json.loads(_text("sglang-0.5.23/v1_loads_load.json"))["loads"][0]
+    two_ranks = {"loads": [rank, {**rank, "dp_rank": 1}]}
+    sglang = _Server(
+        _text("sglang-0.5.23/metrics_after_retraction.prom"),
+        [httpx.Response(200, json=two_ranks), httpx.Response(503), httpx.Response(200, json=two_ranks)],
+    )
+    samples = asyncio.run(_reads(sglang, 3))
+    assert [s.capacity_tokens if s else None for s in samples] == [8192] * 3
+    assert samples[1] is not None and samples[1].source == "sglang-metrics"
