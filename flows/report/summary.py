@@ -90,7 +90,8 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
     }
 
 
-def report_markdown(summary: dict[str, Any]) -> str:
+def report_markdown(summary: dict[str, Any], *, controller_plot: bool = True) -> str:
+    """The report's text; ``controller_plot``: link ``controller.png`` (drawn for this report)."""
     part = summary.get("part")  # absent from the summaries of runs made before parts
     lines = [
         f"# Run `{summary['run']}`" + (f", part {part}" if part else ""),
@@ -112,7 +113,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {category['name']} | " + " | ".join(str(v) for v in category["steps"].values()) + " |"
         )
-    lines += ["", *concurrency_markdown(summary.get("concurrency"))]
+    lines += ["", *concurrency_markdown(summary.get("concurrency"), plot=controller_plot)]
     lines += ["", "## Why rows were left out", ""]
     for category in summary["categories"]:
         reasons = {
@@ -141,7 +142,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
+def concurrency_markdown(concurrency: dict[str, Any] | None, *, plot: bool = True) -> list[str]:
     """What set the number of requests in flight, and what the adaptive controller did."""
     if not concurrency:
         return []
@@ -169,7 +170,8 @@ def concurrency_markdown(concurrency: dict[str, Any] | None) -> list[str]:
         "without pacing meanwhile; the log has the first failure's traceback."
         for e in failed
     ]
-    lines += ["", f"![controller timeline]({CONTROLLER_PLOT})"]
+    if plot:
+        lines += ["", f"![controller timeline]({CONTROLLER_PLOT})"]
     return lines
 
 
@@ -213,7 +215,8 @@ def write_report_files(run_dir: Path, summary: dict[str, Any], plots: Plots | No
     ones this start's Prefect report already drew, or else drawing them now."""
     plots = write_plots(run_dir, _data(run_dir, summary)) if plots is None else plots
     rest = [(title, name) for title, name in plots if name != CONTROLLER_PLOT]
-    text = report_markdown(summary) + "\n".join(["", *plots_markdown(run_dir, rest)])
+    text = report_markdown(summary, controller_plot=len(rest) < len(plots))
+    text += "\n".join(["", *plots_markdown(run_dir, rest)])
     write_text_atomically(text, run_dir / report_name(summary.get("part")))
     return text
 

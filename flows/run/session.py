@@ -147,12 +147,17 @@ class RunSession:
         return self._control
 
     async def flush(self) -> None:
-        """Write every buffered row now (a shard each): afterwards the files hold all the run made."""
+        """Write every buffered row now (a shard each), and the controller's timeline: afterwards the
+        files hold all the run made. The Prefect report draws its plots from them before the session
+        closes; without the timeline a run shorter than its half-minute write drew no controller
+        plot (the demo's) while ``report.md`` linked one."""
         await self._flusher.settle()
         for writer in self.categories.writers():
             rows = writer.take()
             if rows:
                 await asyncio.to_thread(writer.write, rows)
+        if self._control is not None:
+            await asyncio.to_thread(self._control.timeline.write)
 
     def concurrency_summary(self) -> dict[str, Any]:
         """What the controller did (empty when the run stopped before its limiter was built)."""

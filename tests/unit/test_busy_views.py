@@ -36,6 +36,9 @@ def test_the_report_table_has_the_busy_share_and_a_dash_where_there_is_none() ->
     assert [line.split(" | ")[8] for line in table] == ["96%", "-", "-"]  # the last: a summary from before
     assert "server busy" in lines[2]
     assert not any("failed" in line for line in lines)
+    assert lines[-1] == "![controller timeline](controller.png)"
+    unplotted = concurrency_markdown({"mode": "adaptive", "endpoints": [row]}, plot=False)
+    assert not any("controller.png" in line for line in unplotted)  # not drawn: not linked
 
 
 def test_the_report_says_where_the_controller_failed() -> None:
