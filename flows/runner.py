@@ -119,7 +119,7 @@ async def _run_session(
                 if display is not None:
                     display.stop()
     except BaseException as error:
-        if session.fingerprint:  # the run directory was opened: explain it, even after a failure
+        if session.opened:  # explain the start, even after a failure; a refused one writes nothing
             try:
                 write_report(session, run_status(session.store))
             except Exception as also:  # the same full disk, usually: the first error is the one to tell

@@ -57,6 +57,8 @@ class RunSession:
         self.reporters: list[Reporter] = []
         self.resumed = False
         self.fingerprint = ""
+        self.opened = False
+        """The run directory was opened for this start (not refused: another config, another K)."""
         # The plots this start's Prefect report drew, for report.md to reuse (None: not drawn yet).
         self.drawn_plots: Plots | None = None
         self.patience = Patience(
@@ -74,6 +76,7 @@ class RunSession:
             self.resumed = await asyncio.to_thread(
                 self.store.open_run, self.fingerprint, self.config.model_dump(mode="json"), force=self.force
             )
+            self.opened = True
         except BaseException:
             await self.pool.aclose()
             raise

@@ -97,12 +97,18 @@ def test_changed_sampling_refuses_to_mix_into_the_run(tmp_path: Path, fast_sim: 
     )
     first = datagen("run", str(config), "--no-prefect")
     assert first.wait(timeout=120) == 0
+    run_dir = tmp_path / "fp"
+    kept = {path: path.read_bytes() for path in [run_dir / "summary.json", run_dir / "report.md"]}
+    reports = sorted((run_dir / "reports").iterdir())
     config.write_text(config.read_text().replace("max_tokens = 64", "max_tokens = 65"))
     second = datagen("run", str(config), "--no-prefect")
     out, _ = second.communicate(timeout=120)
     assert second.returncode == 2
     assert b"another prompt/sampling config" in out
-    assert len(check_run(tmp_path / "fp").row_ids) == 20
+    assert len(check_run(run_dir).row_ids) == 20
+    # the refused start wrote no report: the finished run's summary and report are as they were
+    assert {path: path.read_bytes() for path in kept} == kept
+    assert sorted((run_dir / "reports").iterdir()) == reports
 
 
 def test_demo_command_runs_under_prefect_and_writes_a_loadable_dataset(tmp_path: Path) -> None:
