@@ -84,7 +84,11 @@ async def execute(
     """
     missing = [f"{c.name}: {c.source}" for c in config.categories if missing_local(c.source)]
     if missing:
-        raise ConfigProblem("prompt source not found (" + "; ".join(missing) + ")")
+        raise ConfigProblem(
+            "prompt source not found ("
+            + "; ".join(missing)
+            + "): fix the category's `source`, or remove the category; nothing was sent"
+        )
     with RunLock(config.run_dir, part):  # one orchestrator per run directory (and part), refused at once
         say = display.warn if display is not None else log.warning
         link: PrefectLink | None = await open_link(say) if use_prefect else None
