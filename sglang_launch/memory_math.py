@@ -126,14 +126,21 @@ def fraction_change(
     )
 
 
+MAX_FRACTION = 0.95
+"""The most of a GPU's memory that ``--mem-fraction-static`` is ever advised to take (weights and KV):
+the rest is activations, CUDA graphs and NCCL buffers, whatever a reading says is free."""
+
+
 def max_safe_fraction(
     current: float, *, basis_bytes: int, free_bytes: int, min_margin_bytes: int, step: float = 0.01
 ) -> float:
     """The largest fraction (a multiple of ``step``) that still leaves ``min_margin_bytes`` free.
 
-    Never below ``current``: when even today's margin is short the answer is "no higher".
+    Never below ``current``: when even today's margin is short the answer is "no higher"; never
+    above ``MAX_FRACTION``: a free-memory reading that does not fit the log (another GPU's, taken
+    before the server started) advised 0.85 -> 1.65.
     """
-    exact = current + (free_bytes - min_margin_bytes) / basis_bytes
+    exact = min(current + (free_bytes - min_margin_bytes) / basis_bytes, MAX_FRACTION)
     # Round on a grid of `step` with a tiny tolerance so 0.88 does not become 0.87 by float error.
     stepped = math.floor(exact / step + 1e-9) * step
     return round(max(current, stepped), 4)

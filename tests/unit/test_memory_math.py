@@ -119,6 +119,14 @@ def test_max_safe_fraction_keeps_the_margin_and_never_goes_below_current() -> No
     assert max_safe_fraction(0.85, basis_bytes=BASIS, free_bytes=GIB, min_margin_bytes=2 * GIB) == 0.85
 
 
+def test_max_safe_fraction_never_advises_more_than_the_gpu_can_give() -> None:
+    """A free-memory reading that does not fit the log (most of the GPU free under a running server)."""
+    assert max_safe_fraction(0.85, basis_bytes=BASIS, free_bytes=BASIS, min_margin_bytes=2 * GIB) == 0.95
+    assert (
+        max_safe_fraction(0.97, basis_bytes=BASIS, free_bytes=BASIS, min_margin_bytes=0) == 0.97
+    )  # no lower
+
+
 def test_launch_budget_splits_the_static_pool_into_weights_and_kv() -> None:
     budget = launch_budget(
         0.88, free_before_load_bytes=BASIS, weights_bytes=round(55.16 * GIB), bytes_per_token=48_128
