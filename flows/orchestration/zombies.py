@@ -70,22 +70,37 @@ def zombie_automation(heartbeat_s: int = HEARTBEAT_S, missed: int = MISSED_HEART
                 name="Crashed",
                 state=StateType.CRASHED,
                 message=CRASH_MESSAGE.format(within=within),
-                force=True,
+                # Prefect's own rules then refuse Crashed over a final state: forced, it overwrote
+                # scheduled firings that had Completed when their final event reached the trigger late
+                force=False,
             )
         ],
     )
 
 
 async def ensure_zombie_automation() -> bool:
-    """Create the automation on the configured server unless one of that name exists; True if created."""
+    """Create the automation on the configured server, or bring one of that name made by an earlier
+    version up to date (a server outlives upgrades); True if it was created or changed."""
     from prefect.automations import Automation
 
+    wanted = zombie_automation()
     try:
-        await Automation.aread(name=AUTOMATION_NAME)
-        return False
+        existing = await Automation.aread(name=AUTOMATION_NAME)
     except ValueError:  # Prefect's "not found"
-        pass
-    automation = zombie_automation()
-    await automation.acreate()
-    log.info("created the Prefect automation %r (dead flow runs are marked Crashed)", AUTOMATION_NAME)
+        await wanted.acreate()
+        log.info("created the Prefect automation %r (dead flow runs are marked Crashed)", AUTOMATION_NAME)
+        return True
+    if _definition(existing) == _definition(wanted):
+        return False
+    existing.description, existing.trigger, existing.actions = (
+        wanted.description,
+        wanted.trigger,
+        wanted.actions,
+    )
+    await existing.aupdate()
+    log.info("updated the Prefect automation %r to this version's", AUTOMATION_NAME)
     return True
+
+
+def _definition(automation: Automation) -> dict[str, object]:
+    return automation.model_dump(mode="json", include={"description", "trigger", "actions"})

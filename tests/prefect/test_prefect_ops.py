@@ -7,6 +7,7 @@ numbers are the files' numbers. Run-level events are Prefect logs at INFO.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import Counter
@@ -131,3 +132,34 @@ def test_a_dead_run_is_marked_crashed_by_the_heartbeat_automation_without_a_new_
     ids = {top["id"], *(r["id"] for r in runs)}
     left = [t for t in api_post("task_runs/filter") if t["flow_run_id"] in ids]
     assert left and not [t for t in left if t["state_type"] in ("RUNNING", "PENDING")]
+
+
+def test_the_dead_run_automation_never_forces_crashed_and_an_older_one_is_brought_up_to_date(
+    server: PrefectServer,
+) -> None:
+    """Forced, Crashed overwrote scheduled firings that had Completed when their final event reached
+    the trigger late; unforced, Prefect's rules refuse Crashed over a final state. A server keeps the
+    automation an earlier version made, so the next start updates it (once)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.orchestration.zombies import AUTOMATION_NAME, ensure_zombie_automation, zombie_automation
+
+    def actions() -> list[dict[str, object]]:
+        (found,) = [
+            a
+            for a in prefect_api("POST", f"{server.api_url}/automations/filter", json={}).json()
+            if a["name"] == AUTOMATION_NAME
+        ]
+        return list(found["actions"])
+
+    with temporary_settings({PREFECT_API_URL: server.api_url}):
+        old = zombie_automation()
+        old.actions[0].force = True  # type: ignore[union-attr]  # what earlier versions created
+        for automation in prefect_api("POST", f"{server.api_url}/automations/filter", json={}).json():
+            if automation["name"] == AUTOMATION_NAME:
+                prefect_api("DELETE", f"{server.api_url}/automations/{automation['id']}")
+        asyncio.run(old.acreate())
+        assert actions()[0]["force"] is True
+        assert asyncio.run(ensure_zombie_automation()) is True  # updated
+        assert actions()[0]["force"] is False
+        assert asyncio.run(ensure_zombie_automation()) is False  # up to date: left alone
