@@ -16,6 +16,8 @@ from flows.report.summary import report_name
 from flows.run.session import RunSession
 
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs and pipes
+answer = Console(soft_wrap=True)
+"""What a command is asked for (``datagen status``'s tables): on stdout, so ``| less`` shows it."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -94,8 +96,9 @@ def status_table(status: RunStatus) -> Table:
     return table
 
 
-def print_status(status: RunStatus) -> None:
-    console.print(status_table(status))
+def print_status(status: RunStatus, out: Console = console) -> None:
+    """The run's numbers on disk; ``out``: stderr beside a run's progress, ``answer`` for `status`."""
+    out.print(status_table(status))
     by_part = status.by_part()
     if by_part:
         table = Table(title=f"parts (the run is split in {status.parts})")
@@ -103,9 +106,9 @@ def print_status(status: RunStatus) -> None:
             table.add_column(column, justify="left" if column == "part" else "right")
         for part, numbers in by_part.items():
             table.add_row(part, str(numbers["rows"]), str(numbers["rejects"]))
-        console.print(table)
+        out.print(table)
     if status.repeated_rows:
-        console.print(
+        out.print(
             f"[bold red]{status.repeated_rows} rows repeat an id already written[/] (two processes wrote "
             "one part, or parts of different splits): `datagen export` keeps one row per id"
         )
@@ -116,7 +119,7 @@ def print_status(status: RunStatus) -> None:
             table.add_column(column)
         for name, reason, n in reasons:
             table.add_row(name, reason, str(n))
-        console.print(table)
+        out.print(table)
 
 
 def print_summary(summary: dict[str, Any], status: RunStatus) -> None:

@@ -17,7 +17,7 @@ from flows.cli import export as export_cli
 from flows.cli import gpu as gpu_cli
 from flows.cli import launch as launch_cli
 from flows.cli import prompts as prompts_cli
-from flows.cli.console import LiveProgress, console, fail, print_status
+from flows.cli.console import LiveProgress, answer, console, fail, print_status
 from flows.config import ConfigError, load_config
 from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
@@ -180,7 +180,7 @@ def status(
     if json_out:
         typer.echo(json.dumps(status_document(found), indent=2))
     else:
-        print_status(found)
+        print_status(found, out=answer)
 
 
 @app.command(
