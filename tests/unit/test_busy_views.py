@@ -5,6 +5,22 @@ from __future__ import annotations
 from flows.cli.console import endpoint_line
 from flows.report.summary import concurrency_markdown
 
+ENDPOINT_ROW = {
+    "endpoint": "http://a",
+    "final_limit": 96,
+    "min_limit": 8,
+    "max_limit": 180,
+    "decisions": 40,
+    "changes": 12,
+    "back_offs": 1,
+    "retractions": 2,
+    "max_queued": 9,
+    "signal_reads": 40,
+    "signal_read_ms": 3.1,
+}
+"""One endpoint's line of a run summary's concurrency section, as a summary from before
+``server_busy`` and ``failed_ticks`` holds it."""
+
 
 def _endpoint(busy: float | None) -> dict:
     return {"endpoint": "http://a", "limit": 96, "in_flight": 90, "kv_usage": 0.5, "queued": 0, "busy": busy}
@@ -16,19 +32,7 @@ def test_the_live_line_says_how_busy_the_server_is_where_it_counts() -> None:
 
 
 def test_the_report_table_has_the_busy_share_and_a_dash_where_there_is_none() -> None:
-    row = {
-        "endpoint": "http://a",
-        "final_limit": 96,
-        "min_limit": 8,
-        "max_limit": 180,
-        "decisions": 40,
-        "changes": 12,
-        "back_offs": 1,
-        "retractions": 2,
-        "max_queued": 9,
-        "signal_reads": 40,
-        "signal_read_ms": 3.1,
-    }
+    row = ENDPOINT_ROW
     lines = concurrency_markdown(
         {"mode": "adaptive", "endpoints": [{**row, "server_busy": 0.956}, {**row, "server_busy": None}, row]}
     )
@@ -42,20 +46,7 @@ def test_the_report_table_has_the_busy_share_and_a_dash_where_there_is_none() ->
 
 
 def test_the_report_says_where_the_controller_failed() -> None:
-    row = {
-        "endpoint": "http://b",
-        "final_limit": 40,
-        "min_limit": 8,
-        "max_limit": 64,
-        "decisions": 40,
-        "changes": 3,
-        "back_offs": 0,
-        "retractions": 0,
-        "max_queued": 2,
-        "signal_reads": 40,
-        "signal_read_ms": 3.1,
-        "failed_ticks": 7,
-    }
+    row = {**ENDPOINT_ROW, "endpoint": "http://b", "failed_ticks": 7}
     lines = concurrency_markdown(
         {"mode": "adaptive", "endpoints": [row, {**row, "endpoint": "http://c", "failed_ticks": 0}]}
     )
