@@ -19,13 +19,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from flows.store.location import check_location, join, local_path
-from prompts.categories import expand
+from prompts.categories import WRITTEN_SOURCE, expand
 from sglang_launch.server_config import ServerConfig
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -276,6 +277,8 @@ class CategoryConfig(_Strict):
     quota: QuotaConfig | None = None
     limit: int | None = Field(default=None, gt=0, description="Take at most this many prompts.")
     generation: GenerationConfig = GenerationConfig()
+    _source_as_written: str | None = PrivateAttr(default=None)
+    """A local ``source`` as written, relative to its file (``source`` is the absolute path)."""
 
     @model_validator(mode="after")
     def _known_format(self) -> CategoryConfig:
@@ -333,25 +336,33 @@ class RunConfig(_Strict):
         return local if local is not None else self.run.local_dir / self.run.name
 
 
-def fingerprint(config: RunConfig, model: str) -> str:
+def fingerprint(config: RunConfig, model: str, *, absolute_sources: bool = False) -> str:
     """Hash of everything that decides WHAT is generated (prompts, sampling, model).
 
     Endpoints, concurrency, retries and store tuning are left out on purpose: moving a run to another
     server or changing its concurrency must not block a resume, but changing the prompts or sampling
-    must not silently mix two datasets in one run.
+    must not silently mix two datasets in one run. A local source counts as written in its file
+    (relative to it), not by where the project lies: a run resumed from a new clone or another node
+    is the same run. ``absolute_sources``: the hash as made before (local sources by absolute path),
+    which the runs started then still carry in their manifests.
     """
-    payload = {
-        "model": model,
-        "categories": [
-            {
-                **c.model_dump(mode="json", exclude={"generation"}),
-                "generation": config.generation_for(c).model_dump(mode="json"),
-            }
-            for c in config.categories
-        ],
-    }
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    covered = fingerprinted(config, model, absolute_sources=absolute_sources)
+    canonical = json.dumps(covered, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def fingerprinted(config: RunConfig, model: str, *, absolute_sources: bool = False) -> dict[str, Any]:
+    """What ``fingerprint`` hashes; the manifest keeps it, so a refusal can name what changed."""
+
+    def covered(c: CategoryConfig) -> dict[str, Any]:
+        written = None if absolute_sources else c._source_as_written
+        return {
+            **c.model_dump(mode="json", exclude={"generation"}),
+            **({"source": written} if written is not None else {}),
+            "generation": config.generation_for(c).model_dump(mode="json"),
+        }
+
+    return {"model": model, "categories": [covered(c) for c in config.categories]}
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -421,6 +432,8 @@ def _resolve_sources(data: dict[str, Any], base: Path) -> None:
                 candidate = base / path
                 if candidate.exists():
                     entry[key] = str(candidate.resolve())
+                    if section == "categories":
+                        entry[WRITTEN_SOURCE] = path
 
 
 def _expand_categories(data: dict[str, Any], base: Path | None, source: str) -> None:
@@ -449,10 +462,16 @@ def parse_config(data: dict[str, Any], *, source: str = "config", base: Path | N
             'and name that variable with api_key_env = "SGLANG_API_KEY", or in a Prefect Secret block '
             'named with api_key_secret = "sglang-key".'
         )
+    entries = data.get("categories")
+    listed = entries if isinstance(entries, list) else []
+    written = [entry.pop(WRITTEN_SOURCE, None) if isinstance(entry, dict) else None for entry in listed]
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as error:
         raise explain(error, source) from None
+    for category, as_written in zip(config.categories, written, strict=True):
+        category._source_as_written = as_written
+    return config
 
 
 def _keys_only(data: Any) -> Any:

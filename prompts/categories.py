@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 BUNDLED = Path(str(resources.files("prompts") / "categories"))
+WRITTEN_SOURCE = "_source_as_written"
+"""Beside a local ``source`` made absolute, the path as written (relative to its file): what the run's
+fingerprint counts, so a project moved or cloned elsewhere resumes its runs."""
 
 
 def search_path(extra: Sequence[Path] = ()) -> list[Path]:
@@ -49,12 +52,18 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def load_category(path: Path) -> dict[str, Any]:
     """A category file's table, its local ``source`` made absolute (relative to the file)."""
+    return _load(path)[0]
+
+
+def _load(path: Path) -> tuple[dict[str, Any], str | None]:
+    """``load_category``'s table, and its local ``source`` as written when it was made absolute."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     data.setdefault("name", path.stem)
     source = data.get("source")
     if isinstance(source, str) and not Path(source).is_absolute() and (path.parent / source).exists():
         data["source"] = str((path.parent / source).resolve())
-    return data
+        return data, source
+    return data, None
 
 
 def expand(entry: dict[str, Any], extra: Sequence[Path] = ()) -> dict[str, Any]:
@@ -69,4 +78,7 @@ def expand(entry: dict[str, Any], extra: Sequence[Path] = ()) -> dict[str, Any]:
             raise LookupError(f"no category file named {name!r} (known: {known})")
         return entry
     override = {k: v for k, v in entry.items() if k != "use"}
-    return deep_merge(load_category(path), override)
+    base, written = _load(path)
+    if written is not None and "source" not in override:  # (an entry's own source is its own)
+        base[WRITTEN_SOURCE] = written
+    return deep_merge(base, override)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from flows.client.guard import Endpoint
-from flows.config import RunConfig, fingerprint
+from flows.config import RunConfig, fingerprint, fingerprinted
 from flows.control.limiter import Limiter
 from flows.control.wiring import Control
 from flows.run.categories import Categories
@@ -74,7 +74,12 @@ class RunSession:
         try:
             self.fingerprint = fingerprint(self.config, self.pool.model)
             self.resumed = await asyncio.to_thread(
-                self.store.open_run, self.fingerprint, self.config.model_dump(mode="json"), force=self.force
+                self.store.open_run,
+                self.fingerprint,
+                self.config.model_dump(mode="json"),
+                force=self.force,
+                fingerprinted=fingerprinted(self.config, self.pool.model),
+                earlier=[fingerprint(self.config, self.pool.model, absolute_sources=True)],
             )
             self.opened = True
         except BaseException:

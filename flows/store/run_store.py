@@ -25,7 +25,7 @@ import posixpath
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from flows.store.config_changes import describe_changes
 from flows.store.location import check_location
 from flows.store.parts import Part
 from flows.store.shard_schema import shard_schema
@@ -318,8 +319,21 @@ class RunStore:
             return None
         return json.loads(self.fs.cat_file(self.manifest_path).decode("utf-8"))
 
-    def open_run(self, fingerprint: str, snapshot: dict[str, Any], *, force: bool = False) -> bool:
+    def open_run(
+        self,
+        fingerprint: str,
+        snapshot: dict[str, Any],
+        *,
+        force: bool = False,
+        fingerprinted: dict[str, Any] | None = None,
+        earlier: Collection[str] = (),
+    ) -> bool:
         """Create or reopen the run; refuse to mix data of another config unless ``force``.
+
+        ``fingerprinted`` (what the fingerprint hashes) is kept in the manifest, so that a refusal
+        names the fields that changed (a run made before it was kept is refused by hash alone).
+        ``earlier``: this config's fingerprints as earlier versions hashed it; a run carrying one
+        resumes, and carries the fingerprint of now from then on.
 
         A run split into parts records its number of parts; a start with another number (or none)
         is refused, since the same id would then belong to two parts. Parts starting at the same
@@ -329,11 +343,15 @@ class RunStore:
         self.fs.makedirs(self.root, exist_ok=True)
         manifest = self.read_manifest()
         resumed = manifest is not None
-        if manifest is not None and manifest.get("fingerprint") != fingerprint and not force:
+        known = {fingerprint, *earlier}
+        if manifest is not None and manifest.get("fingerprint") not in known and not force:
+            kept = manifest.get("fingerprinted")
+            changed = describe_changes(kept, fingerprinted) if kept and fingerprinted else []
             raise FingerprintMismatch(
                 f"{self.url()} was generated with another prompt/sampling config "
-                f"(fingerprint {manifest.get('fingerprint')}, now {fingerprint}). Use a new run name, "
-                "or pass --force to add rows made with the new config to this run."
+                f"(fingerprint {manifest.get('fingerprint')}, now {fingerprint})"
+                + (f": {'; '.join(changed)}" if changed else "")
+                + ". Use a new run name, or pass --force to add rows made with the new config to this run."
             )
         parts = self.part.count if self.part is not None else None
         if manifest is not None and manifest.get("parts") != parts:
@@ -353,6 +371,7 @@ class RunStore:
             "fingerprint": fingerprint,
             "created_at": manifest.get("created_at") if manifest else datetime.now(UTC).isoformat(),
             "config": snapshot,
+            **({"fingerprinted": fingerprinted} if fingerprinted is not None else {}),
             "history": history,
             **({"parts": parts} if parts else {}),
         }

@@ -105,6 +105,7 @@ def test_changed_sampling_refuses_to_mix_into_the_run(tmp_path: Path, fast_sim: 
     out, _ = second.communicate(timeout=120)
     assert second.returncode == 2
     assert b"another prompt/sampling config" in out
+    assert b"generation.max_tokens: 64 -> 65" in out  # what changed, named
     assert len(check_run(run_dir).row_ids) == 20
     # the refused start wrote no report: the finished run's summary and report are as they were
     assert {path: path.read_bytes() for path in kept} == kept
