@@ -96,7 +96,8 @@ class Lane(Generic[T]):
         return self.clock.server_rate or answered
 
     def admit(self, footprint: Footprint, now: float) -> None:
-        """Count a request admitted now in the token budget."""
+        """Count a request admitted now in the token budget (again: a request asked again from its
+        start, after an outage, is as young as a newcomer)."""
         model = footprint.model
         rows = self.footprints.setdefault(id(model), (model, {}))[1]
         rows[footprint] = (footprint.prompt_chars, now, self.clock.reading(now))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -152,6 +153,8 @@ async def _ask(
                 # move the prompt to an endpoint that answers
                 await limiter.release(held.pop(task), demand)
                 held[task] = await limiter.acquire(demand)
+            elif demand is not None:  # asked again from its start: the budget counts it as new
+                held[task].admit(demand, time.monotonic())
             sink.tally.recovered += 1
         except Exception as error:  # not the server's fault nor the prompt's: a bug in reading the answer
             _reject_internal(record, sink, client, error, prompt_hash)

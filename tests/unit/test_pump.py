@@ -10,6 +10,7 @@ from flows.client.guard import Endpoint
 from flows.client.responses import Generation, Usage
 from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
+from flows.control.demand import CategoryDemand
 from flows.control.limit import FixedLimit, GuardedLimit
 from flows.control.limiter import Lane, Limiter
 from flows.run.prompt_stream import Ask, Reject, dedup_key
@@ -224,6 +225,43 @@ async def test_exhausted_retries_during_an_outage_are_asked_again_once_the_serve
     assert sink.tally.rows == 1 and sink.tally.rejects == 0 and sink.tally.recovered == 2
     guard = limiter.lanes[0].endpoint.guard
     assert guard.asked == 2
+
+
+class StampReadingClient(FakeClient):
+    """Reads, at each request, when the budget counts the requests in flight on ``lane`` as admitted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lane: Lane | None = None
+        self.stamps: list[list[float]] = []
+
+    async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+        assert self.lane is not None
+        self.stamps.append([row[1] for _, rows in self.lane.footprints.values() for row in rows.values()])
+        return await super().generate(messages, tools, sampling)
+
+
+async def test_a_prompt_asked_again_after_an_outage_counts_as_admitted_anew(tmp_path: Path) -> None:
+    """Asked again from its start, it holds only its prompt: counted at its old age, the outlook
+    took it for nearly done and let the budget admit beside it what its answer would need."""
+    client = StampReadingClient()
+    client.outages = 1
+    limiter = _lanes(client, limit=1)
+    client.lane = limiter.lanes[0]
+    sink = _sink(tmp_path)
+    demand = CategoryDemand(max_tokens=8)
+    await pump_shard(
+        [_item(0, "outage")],
+        limiter=limiter,
+        category=CATEGORY,
+        sampling=SamplingParams(max_tokens=8),
+        sink=sink,
+        demand=demand,
+    )
+    assert sink.tally.rows == 1 and sink.tally.recovered == 1
+    (first,), (again,) = client.stamps
+    assert again > first
+    assert limiter.lanes[0].footprints[id(demand)][1] == {}  # forgotten once answered
 
 
 async def test_a_prompt_failing_on_a_healthy_server_ends_as_a_retryable_reject(tmp_path: Path) -> None:
