@@ -117,37 +117,70 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     ]
 
 
-def _rank0(labels: dict[str, str]) -> bool:
-    """With TP > 1 only tp_rank 0 carries the load gauges; other ranks repeat or zero them."""
-    return labels.get("tp_rank", "0") == "0" and labels.get("dp_rank", "0") == "0"
+def _sglang_ranks(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, dict[str, float]]:
+    """SGLang's load metrics by DP rank (``dp_rank``, absent with one rank), tp_rank 0's only: with
+    TP > 1 the other TP ranks repeat or zero the gauges. Generated tokens are summed over their
+    ``is_streaming`` series."""
+    ranks: dict[str, dict[str, float]] = {}
+    for name, labels, value in samples:
+        if not name.startswith("sglang:") or labels.get("tp_rank", "0") != "0":
+            continue
+        rank = ranks.setdefault(labels.get("dp_rank", "0"), {})
+        if name == "sglang:generation_tokens_total":
+            rank[name] = rank.get(name, 0.0) + value
+        else:
+            rank.setdefault(name, value)
+    return ranks
+
+
+def _over_ranks(ranks: dict[str, dict[str, float]]) -> ServerSample:
+    """One sample for the whole server, as ``/v1/loads`` sums its ranks: the client's requests in
+    flight are spread over every DP rank, so the counts, the pools, the rates and the retractions
+    are summed, and the KV usage is the ranks' used tokens over their pools. (Rank 0 alone, as
+    before: with ``--dp-size N`` the budget was one rank's pool for the requests of N.)"""
+
+    def total(name: str) -> float | None:
+        values = [rank[name] for rank in ranks.values() if name in rank]
+        return sum(values) if values else None
+
+    usage_name, pool_name = "sglang:token_usage", "sglang:max_total_num_tokens"
+    usages = [rank[usage_name] for rank in ranks.values() if usage_name in rank]
+    pools = [rank.get(pool_name) for rank in ranks.values() if usage_name in rank]
+    if len(usages) == 1 or not usages:
+        usage = usages[0] if usages else None
+    elif all(pool for pool in pools):
+        usage = sum(u * (p or 0.0) for u, p in zip(usages, pools, strict=True)) / sum(p or 0.0 for p in pools)
+    else:
+        usage = sum(usages) / len(usages)  # pools unsaid: alike, as SGLang sizes them
+    return ServerSample(
+        source="sglang-metrics",
+        kv_usage=usage,
+        running=_int(total("sglang:num_running_reqs")),
+        queued=_int(total("sglang:num_queue_reqs")),
+        preemptions_total=total("sglang:num_retracted_requests_total") or 0.0,
+        capacity_tokens=_int(total(pool_name)),
+        generation_tokens_total=total("sglang:generation_tokens_total"),
+        decode_tokens_per_s=total("sglang:gen_throughput"),
+    )
 
 
 def parse_metrics(text: str) -> ServerSample | None:
     """SGLang or vLLM Prometheus text -> a sample; None when neither engine's load metrics are there."""
+    samples = _samples(text)
+    ranks = _sglang_ranks(samples)
+    if any("sglang:token_usage" in rank or "sglang:num_running_reqs" in rank for rank in ranks.values()):
+        return _over_ranks(ranks)
     values: dict[str, float] = {}
     totals: dict[str, float] = {}
     vllm_cache: dict[str, str] = {}
-    for name, labels, value in _samples(text):
-        if name.startswith("sglang:") and not _rank0(labels):
-            continue
+    for name, labels, value in samples:
         if name == "vllm:cache_config_info":
             vllm_cache = vllm_cache or labels
             continue
-        if name in ("sglang:generation_tokens_total", "vllm:generation_tokens_total"):
+        if name == "vllm:generation_tokens_total":
             totals[name] = totals.get(name, 0.0) + value  # one series per is_streaming label
         else:
             values.setdefault(name, value)
-    if "sglang:token_usage" in values or "sglang:num_running_reqs" in values:
-        return ServerSample(
-            source="sglang-metrics",
-            kv_usage=values.get("sglang:token_usage"),
-            running=_int(values.get("sglang:num_running_reqs")),
-            queued=_int(values.get("sglang:num_queue_reqs")),
-            preemptions_total=values.get("sglang:num_retracted_requests_total", 0.0),
-            capacity_tokens=_int(values.get("sglang:max_total_num_tokens")),
-            generation_tokens_total=totals.get("sglang:generation_tokens_total"),
-            decode_tokens_per_s=values.get("sglang:gen_throughput"),
-        )
     if "vllm:kv_cache_usage_perc" in values or "vllm:num_requests_running" in values:
         return ServerSample(
             source="vllm-metrics",
@@ -214,8 +247,9 @@ def with_loads(metrics: ServerSample, loads: ServerSample | None) -> ServerSampl
     the client's requests in flight are; the counters and the decode rate (with the requests it was
     measured over) from ``/metrics``. ``loads`` None: the gauges alone.
 
-    The pool too: the gauges are rank 0's, so with ``--dp-size N`` the budget was 1/N of the pools
-    that the requests in flight, the usage and the running count (all summed) were measured in."""
+    The pool too, as the snapshot says it: where the gauges lack it, ``/get_server_info``'s is one DP
+    rank's, and with ``--dp-size N`` the budget was 1/N of the pools that the requests in flight, the
+    usage and the running count (all summed) were measured in."""
     if loads is None:
         return metrics
     return replace(
@@ -300,7 +334,8 @@ class SignalReader:
         self._has_loads: bool | None = None
         self._pool: int | None = None
         """The pool as ``/v1/loads`` last said it (all DP ranks): kept through a snapshot that failed,
-        or the gauges' rank-0 pool would read as a resized pool, the law's sign of a restart."""
+        or a pool said otherwise (one rank's, by ``/get_server_info`` where the gauges lack it) would
+        read as a resized pool, the law's sign of a restart."""
         self.read_seconds = 0.0
         """Wall time spent reading signals, so the cost of polling is measured, not guessed."""
         self.reads = 0

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 
 from flows.control.signals import (
     ServerSample,
@@ -59,6 +60,28 @@ def test_only_tp_rank_0_carries_the_load_gauges() -> None:
     assert sample is not None and (sample.kv_usage, sample.running) == (0.85, 12)
     text = _text("sglang-0.5.23/metrics_after_retraction.prom")
     assert parse_metrics(text.replace('tp_rank="0"', 'tp_rank="1"')) is None
+
+
+def test_with_data_parallel_ranks_the_gauges_are_summed_over_ranks_as_the_loads_are() -> None:
+    """SGLang before /v1/loads (0.5.8): each DP rank's tp_rank 0 says its own gauges (``dp_rank``)."""
+    one = _text("sglang-0.5.23/metrics_load_kvfull_queue.prom")
+    ranked = one.replace('tp_rank="0"', 'tp_rank="0",dp_rank="0"')
+    other = "\n".join(
+        line.replace('dp_rank="0"', 'dp_rank="1"')
+        .replace("} 0.99", "} 0.49")  # the second rank half as full
+        .replace("} 9.0", "} 5.0")  # running
+        for line in ranked.splitlines()
+        if 'dp_rank="0"' in line
+    )
+    alone, both = parse_metrics(one), parse_metrics(ranked + "\n" + other + "\n")
+    assert alone is not None and both is not None
+    assert (alone.kv_usage, alone.running, alone.queued, alone.capacity_tokens) == (0.99, 9, 12, 4096)
+    assert both.capacity_tokens == 2 * 4096 and both.running == 9 + 5 and both.queued == 2 * 12
+    assert both.kv_usage == pytest.approx((0.99 + 0.49) / 2)  # pools alike: the used over both
+    assert both.preemptions_total == 2 * 2.0
+    assert alone.decode_tokens_per_s is not None
+    assert both.decode_tokens_per_s == pytest.approx(2 * alone.decode_tokens_per_s)
+    assert both.generation_tokens_total == alone.generation_tokens_total  # not per rank: counted once
 
 
 def test_vllm_metrics_map_to_the_same_sample() -> None:
