@@ -16,7 +16,7 @@ from typing import Any
 
 from prompts.errors import ConversionError
 from prompts.records import Message, PromptRecord, SourceRef, ToolSchema, stable_id
-from prompts.validate import check_tools
+from prompts.validate import check_text, check_tools
 
 INVALID_KEY = "__invalid__"
 """Key of the marker row a reader yields for an unparsable input line (value: where and why)."""
@@ -95,6 +95,7 @@ def to_record(
         raise ConversionError(f"invalid input: {row[INVALID_KEY]}")
     converted = get_converter(fmt)(row)
     check_tools(converted.tools)
+    check_text(converted.messages, converted.tools, converted.source_id)
     return PromptRecord(
         id=stable_id(converted.source_id, converted.messages, converted.tools),
         category=category,

@@ -34,3 +34,38 @@ def check_tools(tools: Sequence[Any] | None) -> None:
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, Mapping):
             raise ConversionError(f"{where}: parameters is a {_kind(parameters)}, not an object")
+
+
+def check_text(messages: Sequence[Any], tools: Sequence[Any] | None, source_id: Any = None) -> None:
+    """Raise ``ConversionError`` where a text cannot be written as UTF-8.
+
+    JSON allows an escaped lone surrogate (``"\\ud800"`` without its pair) and a local JSONL file may
+    hold one; Python reads it into a string that no UTF-8 encoder accepts, so the prompt's hash, the
+    request and the parquet shard each raised, and the first of them stopped the whole category at
+    that row on every resume. Found here, it is one reject with its reason.
+    """
+    parts = [
+        ("the id", source_id),
+        *((f"message {n}", m) for n, m in enumerate(messages, 1)),
+        ("the tools", tools),
+    ]
+    for where, value in parts:
+        if not _encodes(value):
+            raise ConversionError(
+                f"{where}: text is not valid Unicode (a lone surrogate, such as a JSON \\ud800 escape "
+                "without its pair)"
+            )
+
+
+def _encodes(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, Mapping):
+        return all(_encodes(key) and _encodes(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return all(_encodes(item) for item in value)
+    return True

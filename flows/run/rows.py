@@ -118,4 +118,6 @@ def reject_row(
 def raw_row_id(row: Mapping[str, Any]) -> str:
     """An id for a source row that could not be converted: stable, so resume does not reject it twice."""
     canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
-    return "raw-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+    # a lone surrogate in the row (a JSON escape without its pair) is why some rows are rejected:
+    # hashed as it is, so that building their reject cannot fail too
+    return "raw-" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:24]

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from flows.config import CategoryConfig
@@ -13,7 +16,7 @@ from flows.run.prompt_stream import (
     take,
 )
 from flows.store.parts import Part
-from flows.store.run_store import CategoryState
+from flows.store.run_store import CategoryState, RunStore
 from prompts.dedup import DedupIndex
 
 
@@ -256,3 +259,23 @@ def test_conversion_rejects_are_written_by_their_own_part_only() -> None:
 
     one, two = reject_ids(Part(1, 2)), reject_ids(Part(2, 2))
     assert sorted(one + two) == sorted(reject_ids(None)) and len(one + two) == 20 and one and two
+
+
+@pytest.mark.parametrize("with_id", [True, False])
+def test_a_row_with_a_lone_surrogate_is_one_reject_and_its_category_goes_on(
+    with_id: bool, tmp_path: Path
+) -> None:
+    """A JSON escape without its pair (valid JSON, not valid Unicode) stopped the category at that row
+    on every resume: the prompt's hash could not encode it, nor, for a row without an id, its reject's."""
+    bad = json.loads('{"messages": [{"role": "user", "content": "bad \\ud800 text"}]}')
+    if with_id:
+        bad["id"] = "x1"
+    rows = [(0, _rows(1)[0][1]), (1, bad), (2, _rows(1, start=2)[0][1])]
+    items = list(category_items(CATEGORY, CategoryState(), StreamCounts(), rows=rows))
+    assert _ids(items) == ["r0", "r2"]
+    (reject,) = [item.row for item in items if isinstance(item, Reject)]
+    assert reject["reason"].startswith("message 1: text is not valid Unicode")
+    store = RunStore(tmp_path / "run")  # and the reject itself can be written
+    writer = store.reject_writer("chat", flush_rows=10, flush_seconds=60)
+    writer.write([reject])
+    assert store.category_state("chat").final_reject_ids == {reject["id"]}
