@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from flows.store.run_store import ShardWriter, StoreWriteFailed
+from flows.store.run_store import ShardWriter
 
 FLUSH_POLL_S = 0.25
 """How often due shards are looked for: rows reach disk within flush_seconds + this."""
@@ -42,14 +42,15 @@ class Flusher:
         """After the loop was cancelled: let a write under way end, then write every buffered row.
 
         Every writer is tried even when one fails (a smaller rejects shard may still fit on a nearly
-        full disk); the first failure is raised after.
+        full disk; a shard that cannot be built, a row Arrow refuses, is no reason to drop the other
+        categories' finished rows); the first failure is raised after.
         """
         await self.settle()
-        failures: list[StoreWriteFailed] = []
+        failures: list[Exception] = []
         for writer in self._writers():
             try:
                 writer.flush()
-            except StoreWriteFailed as error:
+            except Exception as error:
                 failures.append(error)
         if failures:
             raise failures[0]

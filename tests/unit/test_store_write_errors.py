@@ -11,6 +11,7 @@ import errno
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -91,3 +92,17 @@ async def test_the_flusher_loop_ends_with_the_write_error_and_drain_tries_every_
     assert store.category_state("fine").final_reject_ids == {"c"}  # written despite the other's failure
     assert list(Path(full.folder).iterdir()) == []
     assert full.pending == fine.pending == 0
+
+
+async def test_drain_writes_every_other_writer_when_one_shard_cannot_be_built(tmp_path: Path) -> None:
+    """Not only a full disk: a shard Arrow refuses to build (a row of the wrong shape, a bug) must not
+    cost the other categories their finished rows at shutdown."""
+    store = RunStore(tmp_path / "run")
+    poisoned = store.reject_writer("a", flush_rows=100, flush_seconds=60)
+    fine = store.reject_writer("b", flush_rows=100, flush_seconds=60)
+    poisoned.add({**_reject("p"), "status": "not-an-int"})
+    for rid in ("f0", "f1"):
+        fine.add(_reject(rid))
+    with pytest.raises(pa.ArrowException):
+        await Flusher(lambda: [poisoned, fine]).drain()
+    assert store.category_state("b").final_reject_ids == {"f0", "f1"}
