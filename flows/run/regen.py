@@ -73,12 +73,19 @@ def split_turns(messages: Sequence[Message]) -> list[Turn]:
     prompt, messages after the last turn that end in no user message are never sent (dropped).
 
     A tool message with no assistant message before it in its turn starts the next prompt: the
-    recording sent it, so it is sent too, like a system message between turns.
+    recording sent it, so it is sent too, like a system message between turns. A recorded assistant
+    message is never part of a prompt: one after a system message between turns is a reply of the
+    turn before, and one before the first user message (glaive's greetings) is dropped. Sent, it was
+    stored as an assistant turn that the target model never wrote, and a drafter learns from those.
     """
     turns: list[Turn] = []
     prompt: list[Message] | None = []
     for message in messages:
         role = message.get("role")
+        if prompt is not None and role == "assistant":
+            if turns:
+                turns[-1].replies.append(Reply(message))
+            continue
         if prompt is None:
             replies = turns[-1].replies
             if role == "assistant":

@@ -151,9 +151,9 @@ async def test_first_turn_sends_the_tools_and_keeps_a_tool_call_answer_without_a
     assert result.finish_reason == "tool_calls"
 
 
-def test_first_turn_helper_keeps_leading_messages_up_to_the_first_user() -> None:
-    greeting = {"role": "assistant", "content": "Hi!"}
-    assert first_turn([SYSTEM, greeting, Q1, _answer("x"), Q2]) == [SYSTEM, greeting, Q1]
+def test_first_turn_helper_keeps_leading_messages_up_to_the_first_user_but_no_recorded_answer() -> None:
+    greeting = {"role": "assistant", "content": "Hi!"}  # the recording's, not the target model's
+    assert first_turn([SYSTEM, greeting, Q1, _answer("x"), Q2]) == [SYSTEM, Q1]
     with pytest.raises(ValueError, match="no user turn"):
         first_turn([SYSTEM])
 
@@ -364,6 +364,41 @@ def test_split_turns_sends_mid_conversation_prompts_and_drops_a_trailing_non_use
         Turn([Q1], [Reply(old)]),
         Turn([note, orphan, Q2], [Reply(old)]),
     ]
+
+
+async def test_all_turns_never_sends_or_stores_a_recorded_answer_after_a_mid_conversation_system() -> None:
+    note = {"role": "system", "content": "Now answer in French."}
+    old1, old2 = _answer("OLD ANSWER 1"), _answer("OLD ANSWER 2")
+    assert split_turns([Q1, old1, note, old2, Q2]) == [
+        Turn([Q1], [Reply(old1), Reply(old2)]),
+        Turn([note, Q2]),
+    ]
+    record = PromptRecord(
+        id="r", category="c", source=SourceRef("d", "t", 0), messages=[Q1, old1, note, old2, Q2]
+    )
+    client = ScriptedGenerator(_gen("a1"), _gen("a2"))
+    result = await regenerate(record, client, SAMPLING, "all_turns")
+    assert client.sent[1] == [Q1, _answer("a1"), note, Q2]
+    assert [m["content"] for m in result.messages if m["role"] == "assistant"] == ["a1", "a2"]
+
+
+async def test_a_recorded_glaive_greeting_is_neither_sent_nor_stored() -> None:
+    row = {
+        "system": "SYSTEM: You are a helpful assistant, with no access to external functions.",
+        "chat": "ASSISTANT: Hello! How can I help you today? <|endoftext|>\n\nUSER: What is 2+2?\n\n\n"
+        "ASSISTANT: 4 <|endoftext|>",
+    }
+    converted = convert_glaive(row)
+    record = PromptRecord(
+        id="g",
+        category="c",
+        source=SourceRef("d", "t", 0),
+        messages=converted.messages,
+        tools=converted.tools,
+    )
+    result = await regenerate(record, ScriptedGenerator(_gen("four")), SAMPLING, "first_turn")
+    assert converted.messages[0] == {"role": "assistant", "content": "Hello! How can I help you today?"}
+    assert result.messages == [{"role": "user", "content": "What is 2+2?"}, _answer("four")]
 
 
 def test_retie_results_by_recorded_id_then_by_position() -> None:
