@@ -11,7 +11,10 @@ layout it came from, and therefore hashes to the same content id:
   opens with the assistant's greeting is common in ShareGPT dumps and the greeting is not part of
   the question (this is normal normalisation, not a reject);
 - everything after the last user turn is dropped: those are the old answers the target model is
-  about to regenerate;
+  about to regenerate. Unless they call tools: ``tool_replay`` replays the recorded results of the
+  calls the regenerated answer repeats, and the recorded answers are never sent nor stored
+  (``flows.run.regen``). Dropped, a one-question tool conversation (the usual kind) could only
+  end at its first call, "tool call diverged: expected no call";
 - a conversation with no user turn left is rejected (``ConversionError("no user turn")``).
 """
 
@@ -153,7 +156,8 @@ def _mergeable(a: Message, b: Message) -> bool:
 
 
 def finish_prompt(messages: Iterable[Message]) -> list[Message]:
-    """Apply the module-level normalisation rules; the result ends with a user turn."""
+    """Apply the module-level normalisation rules; the result ends with a user turn, or with the
+    recorded tool calls (and their results and answers) that followed it."""
     merged: list[Message] = []
     for message in messages:
         if _is_empty(message):
@@ -167,7 +171,8 @@ def finish_prompt(messages: Iterable[Message]) -> list[Message]:
         raise ConversionError("no user turn")
     first, last = user_positions[0], user_positions[-1]
     preamble = [m for m in merged[:first] if m["role"] == "system"]
-    return preamble + merged[first : last + 1]
+    tail = merged[last + 1 :]
+    return preamble + merged[first : last + 1] + (tail if any(m.get("tool_calls") for m in tail) else [])
 
 
 # --- formats -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from flows.run.regen import (
     retie_results,
     split_turns,
 )
-from prompts.convert_chat import convert_sharegpt
+from prompts.convert_chat import convert_messages, convert_sharegpt
 from prompts.convert_glaive import convert_glaive
 from prompts.records import Message, PromptRecord, SourceRef
 
@@ -399,6 +399,56 @@ async def test_a_recorded_glaive_greeting_is_neither_sent_nor_stored() -> None:
     result = await regenerate(record, ScriptedGenerator(_gen("four")), SAMPLING, "first_turn")
     assert converted.messages[0] == {"role": "assistant", "content": "Hello! How can I help you today?"}
     assert result.messages == [{"role": "user", "content": "What is 2+2?"}, _answer("four")]
+
+
+@pytest.mark.parametrize("layout", ["sharegpt", "messages"])
+async def test_tool_replay_replays_a_one_question_tool_conversation_of_the_chat_layouts(layout: str) -> None:
+    recorded_call = {
+        "id": "old_0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": "{}"},
+    }
+    if layout == "sharegpt":
+        converted = convert_sharegpt(
+            {
+                "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}]),
+                "conversations": [
+                    {"from": "human", "value": "Weather in Oslo?"},
+                    {
+                        "from": "function_call",
+                        "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+                    },
+                    {"from": "observation", "value": '{"temp_c": 3}'},
+                    {"from": "gpt", "value": "It is 3 C in Oslo."},
+                ],
+            }
+        )
+    else:
+        converted = convert_messages(
+            {
+                "messages": [
+                    {"role": "user", "content": "Weather in Oslo?"},
+                    {"role": "assistant", "content": None, "tool_calls": [recorded_call]},
+                    {"role": "tool", "tool_call_id": "old_0", "content": '{"temp_c": 3}'},
+                    {"role": "assistant", "content": "It is 3 C in Oslo."},
+                ],
+                "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+            }
+        )
+    record = PromptRecord(
+        id="t",
+        category="c",
+        source=SourceRef("d", "t", 0),
+        messages=converted.messages,
+        tools=converted.tools,
+    )
+    call = _call("get_weather", "new_0", '{"city": "Oslo"}')
+    client = ScriptedGenerator(_gen(None, [call]), _gen("3 C."))
+    result = await regenerate(record, client, SAMPLING, "tool_replay")
+    assert result.stop_reason is None
+    assert client.sent[1][-1] == {"role": "tool", "content": '{"temp_c": 3}', "tool_call_id": "new_0"}
+    assert [m["role"] for m in result.messages] == ["user", "assistant", "tool", "assistant"]
+    assert "It is 3 C" not in json.dumps(result.messages)  # the recorded answer: neither sent nor stored
 
 
 def test_retie_results_by_recorded_id_then_by_position() -> None:
