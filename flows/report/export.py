@@ -200,9 +200,13 @@ def _iter_batches(store: RunStore, path: str, columns: list[str] | None) -> Iter
     try:
         for batch in store.parquet_file(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
             yield batch.to_pylist()
-    except (OSError, pa.ArrowException) as error:
+    except (OSError, pa.ArrowException, UnicodeDecodeError) as error:
+        # the resume reads only the ids, which may be whole beside a damaged answer: moved aside here,
+        # the shard's rows are asked again by the next start
+        target = store.quarantine(path, error)
         raise ExportError(
-            f"shard {path} cannot be read ({error}); rerunning the run quarantines it and redoes its rows"
+            f"shard {path} cannot be read ({error}); it is moved to {target}: run the run again "
+            "(the same `datagen run` command) to redo its rows, then export again"
         ) from error
 
 

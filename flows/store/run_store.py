@@ -134,11 +134,18 @@ def atomic_file(
         raise
 
 
+SHARD_WRITE: dict[str, Any] = {"compression": "zstd", "write_page_checksum": True}
+"""Every page with its CRC, checked when read: a flipped bit in a stored shard (a disk, a copy, an
+object store's transfer) is an unreadable shard that gets quarantined and redone, not a training
+row with silently changed text (without the CRC, 8 flipped bytes in an answer's page exported as
+mangled text or as a UTF-8 error, depending on where they fell)."""
+
+
 def write_parquet_atomically(table: pa.Table, path: Path) -> None:
     """One parquet file, whole or absent; a failure's message bounds the space it needed by the
     table's uncompressed size."""
     with atomic_file(path, needed_bytes=table.nbytes) as handle:
-        pq.write_table(table, handle, compression="zstd")
+        pq.write_table(table, handle, **SHARD_WRITE)
 
 
 def write_json_atomically(payload: Any, path: Path) -> None:
@@ -297,7 +304,7 @@ class RunStore:
             write_parquet_atomically(table, Path(path))
             return
         buffer = io.BytesIO()
-        pq.write_table(table, buffer, compression="zstd")
+        pq.write_table(table, buffer, **SHARD_WRITE)
         self._put(path, buffer.getvalue())
 
     def shard_files(self, folder: str) -> list[str]:
@@ -311,7 +318,8 @@ class RunStore:
 
     def parquet_file(self, path: str) -> pq.ParquetFile:
         """A shard opened for reading in batches (the export streams rows through it)."""
-        return pq.ParquetFile(path if self.local else self.fs.open(path, "rb"))
+        source = path if self.local else self.fs.open(path, "rb")
+        return pq.ParquetFile(source, page_checksum_verification=True)
 
     # -- manifest --------------------------------------------------------------------------------
     def read_manifest(self) -> dict[str, Any] | None:
@@ -395,13 +403,24 @@ class RunStore:
     def _read_columns(self, path: str, columns: list[str]) -> pa.Table | None:
         """Read a few columns; a shard that cannot be read is quarantined (its ids get redone)."""
         try:
-            return pq.read_table(path, columns=columns, filesystem=None if self.local else self.fs)
+            return pq.read_table(
+                path,
+                columns=columns,
+                filesystem=None if self.local else self.fs,
+                page_checksum_verification=True,
+            )
         except (OSError, pa.ArrowException) as error:
-            target = self._path(QUARANTINE_DIR, posixpath.basename(posixpath.dirname(path)))
-            self.fs.makedirs(target, exist_ok=True)
-            self.fs.mv(path, posixpath.join(target, posixpath.basename(path)))
-            log.warning("unreadable shard %s moved to %s: %s", path, target, error)
+            self.quarantine(path, error)
             return None
+
+    def quarantine(self, path: str, error: Exception) -> str:
+        """Move an unreadable shard out of the data (into ``quarantine/<category>/``): the next start
+        no longer finds its ids, so it asks them again. Returns the folder it went to."""
+        target = self._path(QUARANTINE_DIR, posixpath.basename(posixpath.dirname(path)))
+        self.fs.makedirs(target, exist_ok=True)
+        self.fs.mv(path, posixpath.join(target, posixpath.basename(path)))
+        log.warning("unreadable shard %s moved to %s: %s", path, target, error)
+        return target
 
     def shard_tables(self, folder: str, columns: list[str]) -> Iterator[tuple[str, pa.Table]]:
         """(path, columns) of each readable shard of ``folder``: a path names the part that wrote it."""

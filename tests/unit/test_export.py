@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -520,3 +522,64 @@ def test_mixed_rows_load_through_the_offline_generator_path(tmp_path: Path, plai
     assert json.loads(tool_row["tools"]) == TOOLS
     assert json.loads(tool_row["conversations"][1]["tool_calls"]) == [CALL]
     assert json.loads(plain_row["tools"]) == []
+
+
+LONG = "".join(chr(97 + (i * i * 7919 + i * 104729) % 26) for i in range(5000))
+"""Text that compresses little, so a page of it is long enough to damage in its middle."""
+
+
+def _one_row_shard(tmp_path: Path) -> tuple[RunStore, Path]:
+    store = RunStore(tmp_path / "run")
+    store.open_run("fp", {})
+    writer = store.row_writer("c", flush_rows=10, flush_seconds=60)
+    return store, Path(str(writer.write([_row("r1", "c", [_user(LONG), _assistant(LONG[::-1])])])))
+
+
+def _flipped(path: Path, original: bytes, positions: range) -> None:
+    """``original`` written to ``path`` with the bytes at ``positions`` (from the start of the
+    messages' text page) flipped."""
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    column = next(
+        meta.column(i)
+        for i in range(meta.num_columns)
+        if meta.column(i).path_in_schema == "messages.list.element.content"
+    )
+    start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+    data = bytearray(original)
+    for position in positions:
+        data[start + position] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_shard_with_a_damaged_answer_stops_the_export_and_is_quarantined_for_the_resume(
+    tmp_path: Path,
+) -> None:
+    """The resume reads only the ids, which were whole: it kept counting the row done, and every
+    export stopped on the shard with a remedy (rerun) that did nothing."""
+    store, path = _one_row_shard(tmp_path)
+    _flipped(path, path.read_bytes(), range(30, 38))
+    assert store.category_state("c").row_ids == {"r1"}  # the ids alone read fine
+    with pytest.raises(ExportError, match=r"moved to .*quarantine.*run the run again"):
+        export_specforge(tmp_path / "run", out=tmp_path / "out.jsonl")
+    assert not path.exists() and not (tmp_path / "out.jsonl").exists()
+    assert store.category_state("c").row_ids == set()  # the next start asks r1 again
+    assert len(list((tmp_path / "run" / "quarantine" / "c").iterdir())) == 1
+
+
+def test_a_flipped_byte_that_reads_as_other_text_is_caught_by_the_page_checksum(tmp_path: Path) -> None:
+    """Without a checksum some flips in a compressed page decode without an error, as other text: a
+    training row silently changed."""
+    _, path = _one_row_shard(tmp_path)
+    original = path.read_bytes()
+    for position in range(120):
+        _flipped(path, original, range(position, position + 1))
+        try:  # read as a reader without checksums would
+            text = pq.read_table(path, columns=["messages"]).column("messages").to_pylist()[0][0]["content"]
+        except (OSError, pa.ArrowException, UnicodeDecodeError):
+            continue
+        if text != LONG:
+            break
+    else:
+        pytest.fail("no flip read as other text: the test needs another text")
+    with pytest.raises(ExportError, match="cannot be read"):
+        export_specforge(tmp_path / "run", out=tmp_path / "out.jsonl")
