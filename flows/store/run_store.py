@@ -415,10 +415,16 @@ class RunStore:
 
     def quarantine(self, path: str, error: Exception) -> str:
         """Move an unreadable shard out of the data (into ``quarantine/<category>/``): the next start
-        no longer finds its ids, so it asks them again. Returns the folder it went to."""
-        target = self._path(QUARANTINE_DIR, posixpath.basename(posixpath.dirname(path)))
+        no longer finds its ids, so it asks them again. Returns the folder it went to.
+
+        A rejects shard keeps ``rejects-`` before its name: a category's rows and rejects shards are
+        numbered apart and may share a name, and the second moved would replace the first."""
+        folder = posixpath.dirname(path)
+        target = self._path(QUARANTINE_DIR, posixpath.basename(folder))
+        kind = posixpath.basename(posixpath.dirname(folder))
+        name = posixpath.basename(path) if kind == DATA_DIR else f"{kind}-{posixpath.basename(path)}"
         self.fs.makedirs(target, exist_ok=True)
-        self.fs.mv(path, posixpath.join(target, posixpath.basename(path)))
+        self.fs.mv(path, posixpath.join(target, name))
         log.warning("unreadable shard %s moved to %s: %s", path, target, error)
         return target
 

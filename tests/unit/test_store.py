@@ -149,6 +149,17 @@ def test_corrupt_shard_is_quarantined_and_its_ids_redone(tmp_path: Path) -> None
     assert len(list((tmp_path / "run" / "quarantine" / "c").iterdir())) == 1
 
 
+def test_a_rows_shard_and_a_rejects_shard_of_one_name_are_both_kept_in_quarantine(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    name = "part-0000000000001-1-00001.parquet"
+    for folder in (store.data_dir("c"), store.rejects_dir("c")):
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / name).write_bytes(b"not parquet " + folder.encode())
+    store.category_state("c")
+    kept = sorted(p.name for p in (tmp_path / "run" / "quarantine" / "c").iterdir())
+    assert kept == [name, f"rejects-{name}"]
+
+
 def test_changed_config_refuses_to_mix_unless_forced(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
     assert store.open_run("fp1", {"a": 1}) is False
