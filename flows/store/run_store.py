@@ -35,6 +35,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from flows.store.config_changes import describe_changes
 from flows.store.location import check_location
@@ -48,6 +49,9 @@ REJECTS_DIR = "rejects"
 QUARANTINE_DIR = "quarantine"
 MANIFEST = "manifest.json"
 TMP_PREFIX = ".tmp-"
+REMOTE_READ_ATTEMPTS = 3
+REMOTE_READ_WAIT_S = 1.0
+"""The first pause between two reads of a shard over a network (then twice as long)."""
 
 
 class FingerprintMismatch(RuntimeError):
@@ -401,14 +405,27 @@ class RunStore:
 
     # -- reading ---------------------------------------------------------------------------------
     def _read_columns(self, path: str, columns: list[str]) -> pa.Table | None:
-        """Read a few columns; a shard that cannot be read is quarantined (its ids get redone)."""
+        """Read a few columns; a shard that cannot be read is quarantined (its ids get redone).
+
+        Over a network (an fsspec URL) a read is tried ``REMOTE_READ_ATTEMPTS`` times first: a
+        connection reset at a start would otherwise have moved a good shard aside and paid for its
+        rows again; a damaged shard fails every time."""
+        read = functools.partial(
+            pq.read_table,
+            path,
+            columns=columns,
+            filesystem=None if self.local else self.fs,
+            page_checksum_verification=True,
+        )
         try:
-            return pq.read_table(
-                path,
-                columns=columns,
-                filesystem=None if self.local else self.fs,
-                page_checksum_verification=True,
-            )
+            if self.local:
+                return read()
+            return Retrying(
+                stop=stop_after_attempt(REMOTE_READ_ATTEMPTS),
+                wait=wait_exponential(multiplier=REMOTE_READ_WAIT_S),
+                retry=retry_if_exception_type((OSError, pa.ArrowException)),
+                reraise=True,
+            )(read)
         except (OSError, pa.ArrowException) as error:
             self.quarantine(path, error)
             return None

@@ -8,12 +8,14 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 from datasets import load_dataset
 
 from flows.run.rows import reject_row
+from flows.store import run_store
 from flows.store.parts import Part, part_of_file
 from flows.store.run_store import FingerprintMismatch, PartsMismatch, RunStore
 from flows.store.schema import ROW_FEATURES
@@ -174,14 +176,38 @@ def test_changed_config_refuses_to_mix_unless_forced(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def memory_url() -> Iterator[str]:
-    """A fresh place in fsspec's in-process memory file system, emptied afterwards."""
+def memory_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh place in fsspec's in-process memory file system, emptied afterwards (a shard read
+    again at once: no pause between the tries of a network read)."""
     import fsspec
+
+    monkeypatch.setattr(run_store, "REMOTE_READ_WAIT_S", 0.0)
 
     url = f"memory://runs-{uuid.uuid4().hex}/run"
     yield url
     fs, root = fsspec.core.url_to_fs(url)
     fs.rm(root.rsplit("/", 1)[0], recursive=True)
+
+
+def test_a_network_read_that_fails_once_quarantines_nothing(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection reset while a start reads the done-set moved a good shard aside: its rows were
+    paid for again. Over a network a read is tried again first; a damaged shard fails every time."""
+    store = RunStore(memory_url)
+    store.open_run("fp", {})
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
+    real, calls = pq.read_table, []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise OSError("Connection reset by peer")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_table", flaky)
+    assert store.category_state("c").row_ids == {"a"}
+    assert len(calls) == 2 and not store.fs.exists(store.root + "/quarantine")
 
 
 def test_a_memory_url_holds_a_whole_run(memory_url: str) -> None:
