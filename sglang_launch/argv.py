@@ -22,7 +22,10 @@ ENV_PRESETS: dict[str, dict[str, str]] = {
     "pcie_nccl": {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"},
 }
 
-_SECRET_FLAGS = ("--api-key",)
+_SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passwd"})
+"""A flag whose words (split at - and _) include one of these takes a secret (``--api-key X``,
+``--admin-api-key X``, ``--hf-token=X``). Whole words only, so ``--max-total-tokens`` and
+``--tokenizer-path`` keep their values."""
 _SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 
@@ -110,10 +113,30 @@ def shown_env(cfg: ServerConfig) -> dict[str, str]:
 
 def redact_argv(argv: list[str]) -> list[str]:
     """A copy of argv that is safe to print: every secret flag's value replaced."""
-    shown = list(argv)
-    for i, arg in enumerate(shown):
-        if arg in _SECRET_FLAGS and i + 1 < len(shown):
-            shown[i + 1] = REDACTED
-        elif arg.startswith(tuple(f"{flag}=" for flag in _SECRET_FLAGS)):
-            shown[i] = arg.split("=", 1)[0] + "=" + REDACTED
-    return shown
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif eq and _is_secret_flag(flag):
+            out.append(f"{flag}={REDACTED}")
+        else:
+            out.append(arg)
+            hide_next = _is_secret_flag(arg)
+    return out
+
+
+def secret_values(argv: list[str]) -> list[str]:
+    """The values ``redact_argv`` hides: what no log may show, the argv header nor the server's own
+    lines (SGLang prints its ``server_args``, keys included)."""
+    return [
+        arg.partition("=")[2] if shown.endswith(f"={REDACTED}") else arg
+        for arg, shown in zip(argv, redact_argv(argv), strict=True)
+        if shown != arg
+    ]
+
+
+def _is_secret_flag(arg: str) -> bool:
+    return arg.startswith("-") and not _SECRET_WORDS.isdisjoint(re.split(r"[-_]+", arg.lower().lstrip("-")))

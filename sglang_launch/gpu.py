@@ -9,17 +9,12 @@ GPU indices are NVML's, the same as ``nvidia-smi``'s; they ignore ``CUDA_VISIBLE
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pynvml
 
-# Command-line flags whose value is a secret (``--api-key X``, ``--hf-token=X``): a process list
-# printed for people must not leak a server's API key. Whole words only, so ``--max-total-tokens``
-# and ``--tokenizer-path`` keep their values.
-_SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passwd"})
-REDACTED = "***"
+from sglang_launch.argv import redact_argv
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,27 +54,6 @@ class GpuUnavailableError(RuntimeError):
     """NVML cannot be used here (no NVIDIA driver, no GPU, no permission): one line for people."""
 
 
-def redact_cmdline(argv: list[str]) -> list[str]:
-    """Hide the values of secret-looking flags (``--api-key``, ``--hf-token`` ...)."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        flag, eq, _ = arg.partition("=")
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-        elif eq and _is_secret_flag(flag):
-            out.append(f"{flag}={REDACTED}")
-        else:
-            out.append(arg)
-            hide_next = _is_secret_flag(arg)
-    return out
-
-
-def _is_secret_flag(arg: str) -> bool:
-    return arg.startswith("-") and not _SECRET_WORDS.isdisjoint(re.split(r"[-_]+", arg.lower().lstrip("-")))
-
-
 def describe_process(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, str]:
     """``(name, redacted command line)`` of ``pid`` from /proc; empty strings when it is not visible."""
     base = proc_root / str(pid)
@@ -89,7 +63,7 @@ def describe_process(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, st
     except OSError:
         return "", ""
     argv = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-    return name, " ".join(redact_cmdline(argv))
+    return name, " ".join(redact_argv(argv))  # a process list must not leak a server's key
 
 
 def read_gpus(proc_root: Path = Path("/proc")) -> GpuSnapshot:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, shown_env
+from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, secret_values, shown_env
 from sglang_launch.logparse import StartupFailure, parse_log
 from sglang_launch.ports import free_port
 from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
@@ -182,8 +182,8 @@ def remove_leftover_shm(existed_before: set[Path]) -> None:
                 logger.debug("removed %s", path)
 
 
-def _pump(source: IO[bytes], log: IO[bytes], secret: bytes | None) -> None:
-    """Copy the server's output to its log line by line, with the API key replaced.
+def _pump(source: IO[bytes], log: IO[bytes], secrets: list[bytes]) -> None:
+    """Copy the server's output to its log line by line, with every secret of its argv replaced.
 
     Keeps draining even if the log cannot be written (disk full): a server blocked on a full
     stdout pipe would stop serving.
@@ -191,14 +191,16 @@ def _pump(source: IO[bytes], log: IO[bytes], secret: bytes | None) -> None:
     with source, log:
         for line in iter(source.readline, b""):
             with contextlib.suppress(OSError):
-                log.write(line.replace(secret, REDACTED.encode()) if secret else line)
+                for secret in secrets:
+                    line = line.replace(secret, REDACTED.encode())
+                log.write(line)
                 log.flush()
 
 
 class ServerProcess:
     """One spawned server: its process group, its log pump, and its /dev/shm leftovers."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, header: str, secret: str | None):
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, header: str):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = log_path.open("wb")
         log.write(header.encode())
@@ -219,7 +221,7 @@ class ServerProcess:
         assert self.popen.stdout is not None
         self._pump = threading.Thread(
             target=_pump,
-            args=(self.popen.stdout, log, secret.encode() if secret else None),
+            args=(self.popen.stdout, log, [secret.encode() for secret in secret_values(argv)]),
             name=f"server-log-{self.popen.pid}",
             daemon=True,
         )
@@ -329,9 +331,7 @@ def _attempt(
     log_path = cfg.log_dir / f"{cfg.engine}-{port}-{stamp}-attempt{number}.log"
     _check_port_free(cfg.host, port)
     began = time.monotonic()
-    process = ServerProcess(
-        argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg), api_key
-    )
+    process = ServerProcess(argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg))
     try:
         outcome = wait_healthy(url, process.alive, timeout_s=cfg.startup_timeout_s, poll_s=cfg.health_poll_s)
         kv = _kv_capacity(url, log_path, api_key) if outcome == "ready" else None

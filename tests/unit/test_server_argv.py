@@ -1,11 +1,14 @@
 """ServerConfig validation and the argv/env it turns into (exact lists: the flags are SGLang 0.5.23's)."""
 
+import io
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from sglang_launch.argv import ENV_PRESETS, build_argv, build_env, redact_argv, shown_env
+from sglang_launch.argv import ENV_PRESETS, build_argv, build_env, redact_argv, secret_values, shown_env
+from sglang_launch.launcher import _header, _pump
 from sglang_launch.server_config import DEFAULT_MEM_FRACTION_LADDER, ServerConfig
 
 
@@ -200,3 +203,35 @@ def test_a_pasted_key_in_api_key_env_is_refused_without_echoing_it() -> None:
         ServerConfig(api_key_env="sk-live-0123 4567")
     assert "NAME of an environment variable" in str(err.value)
     assert "sk-live" not in str(err.value)
+
+
+def test_redact_argv_hides_secret_values_only() -> None:
+    argv = ["x", "--api-key", "k1", "--hf-token=t1", "--admin-api-key", "k2", "--max-total-tokens", "4096"]
+    assert redact_argv([*argv, "--tokenizer-path", "/m"]) == [
+        "x",
+        "--api-key",
+        "***",
+        "--hf-token=***",
+        "--admin-api-key",
+        "***",
+        "--max-total-tokens",
+        "4096",
+        "--tokenizer-path",
+        "/m",
+    ]
+
+
+def test_the_launch_log_hides_every_secret_flag_value_header_and_server_lines(tmp_path: Path) -> None:
+    """SGLang's --admin-api-key (in extra_args) reached the log: the header showed it, and SGLang's
+    own server_args line repeated it; only --api-key was hidden."""
+    cfg = ServerConfig(model_path="m", extra_args=["--admin-api-key", "adm-s3cret", "--hf-token=hf-s3cret"])
+    argv = build_argv(cfg, 30000, 0.88, "k-s3cret")
+    assert sorted(secret_values(argv)) == ["adm-s3cret", "hf-s3cret", "k-s3cret"]
+    header = _header(1, 0.88, argv, cfg)
+    log = tmp_path / "server.log"
+    with log.open("wb") as sink:
+        sink.write(header.encode())
+        lines = b"server_args=ServerArgs(api_key='k-s3cret', admin_api_key='adm-s3cret')\nready\n"
+        _pump(io.BytesIO(lines), sink, [secret.encode() for secret in secret_values(argv)])
+    text = log.read_text()
+    assert "s3cret" not in text and "admin_api_key='***'" in text and text.endswith("ready\n")
