@@ -26,6 +26,8 @@ _RESERVED_KEYS = frozenset(
         "separate_reasoning",
     }
 )
+_ONE_ANSWER_KEYS = frozenset({"n", "best_of"})
+"""Several answers a request: only the first is read, the others paid for and thrown away."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,12 @@ class SamplingParams:
         clashes = sorted(_RESERVED_KEYS & self.extra_body.keys())
         if clashes:
             raise ValueError(f"extra_body must not set {clashes}: use the named fields instead")
+        several = sorted(k for k in _ONE_ANSWER_KEYS & self.extra_body.keys() if self.extra_body[k] != 1)
+        if several:
+            raise ValueError(
+                f"extra_body must not set {several} above 1: one answer is read per request "
+                "(the others would be paid for and lost); run the category again for more"
+            )
 
     def extra_fields(self) -> dict[str, Any]:
         """The non-OpenAI top-level body fields (the SDK's ``extra_body``); unset ones are left out

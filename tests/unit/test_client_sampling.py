@@ -52,3 +52,11 @@ def test_extra_body_cannot_override_owned_fields(key: str) -> None:
 def test_max_tokens_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+@pytest.mark.parametrize("key", ["n", "best_of"])
+def test_several_answers_a_request_are_refused(key: str) -> None:
+    """Only the first answer is read: the others would be paid for and thrown away."""
+    with pytest.raises(ValueError, match="one answer is read per request"):
+        SamplingParams(max_tokens=16, extra_body={key: 4})
+    assert SamplingParams(max_tokens=16, extra_body={key: 1}).extra_fields() == {key: 1}
