@@ -55,7 +55,12 @@ from flows.client.errors import (
     error_for_event,
     error_for_reply,
 )
-from flows.client.responses import Generation, StreamAccumulator, generation_from_completion
+from flows.client.responses import (
+    Generation,
+    StreamAccumulator,
+    cut_at_max_tokens,
+    generation_from_completion,
+)
 from flows.client.sampling import SamplingParams
 from sglang_launch.probe import tls_context
 
@@ -210,7 +215,8 @@ class EndpointClient:
         if self._stream:
             request = {**request, "stream": True, "stream_options": {"include_usage": True}}
         body = json.dumps(request, ensure_ascii=False).encode()
-        return await self._with_retries(lambda attempt: self._generate_once(body, model, attempt))
+        generation = await self._with_retries(lambda attempt: self._generate_once(body, model, attempt))
+        return cut_at_max_tokens(generation, sampling.max_tokens)
 
     async def aclose(self) -> None:
         """Close both connection pools."""
@@ -256,19 +262,25 @@ class EndpointClient:
                 )
             accumulator = StreamAccumulator()
             ttft_s: float | None = None
+            done = False
             # Read to the end of the body, past "[DONE]" (a body left unread closes the connection
             # instead of returning it to the pool); events without data are keep-alives.
             async for event in SSEDecoder().aiter_bytes(reply.content.iter_any()):
-                if not event.data or event.data.startswith("[DONE]"):
+                if event.data.startswith("[DONE]"):
+                    done = True
+                if not event.data or done:
                     continue
                 chunk = _json(event.data)
                 if isinstance(chunk, Mapping) and chunk.get("error"):
                     raise error_for_event(chunk["error"])
                 if accumulator.feed(chunk) and ttft_s is None:
                     ttft_s = time.monotonic() - start
-        return accumulator.result(
+        generation = accumulator.result(
             latency_s=time.monotonic() - start, ttft_s=ttft_s, attempts=attempt, default_model=model
         )
+        if not done:  # cut after its finish chunk: the usage (asked for) never came either
+            raise TransientRequestError("stream ended without [DONE] (cut stream)")
+        return generation
 
     async def _with_retries(self, operation: Callable[[int], Awaitable[T]]) -> T:
         """Run ``operation(attempt_number)`` under the retry policy, failures classified.

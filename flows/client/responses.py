@@ -103,7 +103,10 @@ class StreamAccumulator:
     def __init__(self) -> None:
         self._content: list[str] | None = None
         self._reasoning: list[str] | None = None
-        self._tool_calls: dict[int, _ToolCallParts] = {}
+        self._tool_calls: dict[tuple[int, int], _ToolCallParts] = {}
+        """The calls by their ``index``, then (several calls at one index) in the order they began."""
+        self._slots: dict[int, tuple[int, int]] = {}
+        """The call each streamed ``index`` adds to now."""
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
         self._model = ""
@@ -162,10 +165,19 @@ class StreamAccumulator:
         return bool(content) or bool(reasoning) or bool(calls)
 
     def _take_tool_call_delta(self, call: Any) -> None:
-        parts = self._tool_calls.setdefault(_get(call, "index") or 0, _ToolCallParts())
+        """One piece of a call: the call at its ``index``, or a new one where the piece brings an id
+        other than that call's (some parsers, SGLang's gemma4 among them, stream parallel calls all
+        at index 0, each with its own id: glued into one, their arguments read
+        ``{"city": "Paris"}{"city": "Rome"}``, a bad row)."""
+        index, call_id = _get(call, "index") or 0, _get(call, "id")
+        slot = self._slots.get(index)
+        if slot is None or (call_id and self._tool_calls[slot].id not in (None, call_id)):
+            slot = self._slots[index] = (index, slot[1] + 1 if slot else 0)
+            self._tool_calls[slot] = _ToolCallParts()
+        parts = self._tool_calls[slot]
         function = _get(call, "function")
         # id, type and name come once (engines send null or repeat them afterwards): first wins.
-        parts.id = parts.id or _get(call, "id")
+        parts.id = parts.id or call_id
         parts.type = parts.type or _get(call, "type")
         parts.name = parts.name or _get(function, "name")
         arguments = _get(function, "arguments")
@@ -194,9 +206,19 @@ def _checked_finish_reason(finish_reason: Any) -> str:
         raise TransientRequestError("response has no finish_reason")
     if isinstance(finish_reason, Mapping):  # SGLang's native {"type": ..., "message": ...} form
         finish_reason = finish_reason.get("type")
-    if finish_reason == "abort":
-        raise TransientRequestError("request aborted by the server (finish_reason 'abort')")
+    if finish_reason in ("abort", "error"):  # vLLM's "error": the request failed mid-way
+        what = "aborted by" if finish_reason == "abort" else "failed on"
+        raise TransientRequestError(f"request {what} the server (finish_reason {finish_reason!r})")
     return str(finish_reason)
+
+
+def cut_at_max_tokens(generation: Generation, max_tokens: int) -> Generation:
+    """The answer as cut (``finish_reason`` "length") when it made ``max_tokens`` tokens, whatever the
+    server said: vLLM streams "tool_calls" for an answer cut while writing its second call, and the
+    row (one call, no flag) would teach a drafter to stop after one."""
+    if generation.finish_reason != "length" and generation.usage.completion_tokens >= max_tokens:
+        generation.finish_reason = "length"
+    return generation
 
 
 def _tool_call(call: Any) -> dict[str, Any]:

@@ -14,6 +14,10 @@ TRUNCATED = "truncated"
 EMPTY = "empty"
 BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
 UNKNOWN_TOOL = "unknown_tool"
+ODD_FINISH = "odd_finish"
+"""An answer that ended for a reason other than its end, its length or its tool calls: vLLM's
+"repetition" (stopped while looping), an engine's own reason: not a continuation to learn."""
+ENDED = frozenset({"stop", "length", "tool_calls"})
 
 
 def _tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
@@ -41,6 +45,8 @@ def quality_flags(
     flags: list[str] = []
     if finish_reason == "length":
         flags.append(TRUNCATED)
+    elif finish_reason not in ENDED:
+        flags.append(ODD_FINISH)
     calls = message.get("tool_calls") or []
     content = (message.get("content") or "").strip()
     if not content and not calls:

@@ -28,6 +28,8 @@ VLLM = "vllm-0.32.0"
 KEY = "sk-test-5f0c1e9d2b7a4c38"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 SAMPLING = SamplingParams(max_tokens=16)
+CAPTURED_MAX_TOKENS = SamplingParams(max_tokens=64)
+"""The most any captured answer was asked for (its usage says what it made)."""
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_wait_s=0.001, max_wait_s=0.002)
 Responder = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -139,10 +141,10 @@ async def make_client(server: FakeServer, *, path: str = "", **options: Any) -> 
     return EndpointClient(await server.url() + path, **options)
 
 
-async def generate(server: FakeServer, **options: Any) -> Any:
+async def generate(server: FakeServer, sampling: SamplingParams = CAPTURED_MAX_TOKENS, **options: Any) -> Any:
     client = await make_client(server, **options)
     try:
-        return await client.generate(MESSAGES, None, SAMPLING)
+        return await client.generate(MESSAGES, None, sampling)
     finally:
         await client.aclose()
 
@@ -489,6 +491,42 @@ async def test_stream_that_stops_without_finish_reason_is_retried() -> None:
     assert generation.attempts == 2
     assert generation.usage.completion_tokens == 16
     assert [e.reason for e in seen] == ["stream ended without a finish_reason (cut stream)"]
+
+
+async def test_a_stream_cut_after_its_finish_chunk_is_retried_not_kept_without_usage() -> None:
+    """No [DONE]: the usage chunk never came either, and the row was stored with zero tokens."""
+    events = (FIXTURES / SGLANG / "chat_stream.sse").read_bytes().split(b"\n\n")
+    finish = next(i for i, event in enumerate(events) if b'"finish_reason":"length"' in event)
+    cut = b"".join(event + b"\n\n" for event in events[: finish + 1])
+    server = FakeServer(reply(200, cut, "text/event-stream"), captured(SGLANG, "chat_stream"))
+    seen: list[TransientRequestError] = []
+
+    generation = await generate(server, on_attempt_failed=seen.append)
+
+    assert generation.attempts == 2 and generation.usage.completion_tokens == 16
+    assert [e.reason for e in seen] == ["stream ended without [DONE] (cut stream)"]
+
+
+async def test_an_answer_that_made_max_tokens_is_cut_whatever_its_finish_reason() -> None:
+    """vLLM streams "tool_calls" for an answer max_tokens cut while it wrote a second call."""
+    server = FakeServer(captured(SGLANG, "parsers_qwen25_regex_toolcall_stream"))
+    made = (await generate(server, stream=True)).usage.completion_tokens
+    assert made == 61
+    at_cap = await generate(
+        FakeServer(captured(SGLANG, "parsers_qwen25_regex_toolcall_stream")),
+        sampling=SamplingParams(max_tokens=made),
+        stream=True,
+    )
+    assert at_cap.finish_reason == "length" and at_cap.message["tool_calls"]
+
+
+async def test_vllm_error_finish_reason_is_retried() -> None:
+    failed = {
+        "model": "m",
+        "choices": [{"index": 0, "message": {"content": "par"}, "finish_reason": "error"}],
+    }
+    server = FakeServer(json_reply(200, failed), captured(SGLANG, "chat_nonstream"))
+    assert (await generate(server, stream=False)).attempts == 2
 
 
 async def test_connection_dropped_mid_stream_is_transient() -> None:

@@ -31,6 +31,14 @@ def test_flags_truncated_empty_and_tool_problems() -> None:
     assert quality_flags(unknown, "tool_calls", TOOLS) == ["unknown_tool"]
 
 
+@pytest.mark.parametrize("finish", ["repetition", "content_filter"])
+def test_an_answer_stopped_for_another_reason_is_flagged(finish: str) -> None:
+    """vLLM's "repetition" stops an answer that loops: not a continuation for a drafter to learn."""
+    message = {"role": "assistant", "content": "again and again and again"}
+    assert quality_flags(message, finish, None) == ["odd_finish"]
+    assert quality_flags(message, "stop", None) == []
+
+
 def test_output_row_follows_the_contract() -> None:
     record = PromptRecord(
         id="p1",

@@ -332,3 +332,24 @@ def test_other_choices_are_ignored() -> None:
 
     assert carried == [False, True]
     assert (generation.message["content"], generation.finish_reason) == ("mine", "length")
+
+
+def test_parallel_calls_streamed_at_one_index_with_their_own_ids_stay_apart() -> None:
+    """SGLang's gemma4 parser (and others) stream parallel calls all at index 0, each with its id:
+    glued together their arguments read {"city": "Paris"}{"city": "Rome"}, a row left out."""
+
+    def call(**fields: Any) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **fields}]}}]}
+
+    chunks = [
+        call(id="a", type="function", function={"name": "get_weather", "arguments": ""}),
+        call(function={"arguments": '{"city": "Paris"}'}),
+        call(id="b", type="function", function={"name": "get_weather", "arguments": ""}),
+        call(id="b", function={"arguments": '{"city": "Rome"}'}),  # an id repeated is the same call
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    _, generation = accumulate(chunks)
+    assert [(c["id"], c["function"]["arguments"]) for c in generation.message["tool_calls"]] == [
+        ("a", '{"city": "Paris"}'),
+        ("b", '{"city": "Rome"}'),
+    ]
