@@ -52,7 +52,7 @@ ModelConfig = Annotated[
         "--model-config", help="The model's Hugging Face config.json, to compute KV bytes per token."
     ),
 ]
-Tp = Annotated[int, typer.Option("--tp", help="Tensor-parallel size, for --model-config.")]
+Tp = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size, for --model-config.")]
 KvDtype = Annotated[
     str, typer.Option("--kv-cache-dtype", help="SGLang's --kv-cache-dtype (auto, fp8_e4m3, ...).")
 ]
@@ -230,6 +230,8 @@ def _server_facts(source: str, api_key_env: str | None) -> ServerMemory:
             body = json.loads(Path(source).read_text())
     except (OSError, ValueError, httpx.HTTPError) as exc:
         raise typer.BadParameter(f"cannot read server info from {source}: {exc}") from exc
+    if not isinstance(body, dict):
+        raise typer.BadParameter(f"{source} is not a /get_server_info answer (a JSON object)")
     return server_memory(body)
 
 

@@ -116,7 +116,12 @@ def launch(
         for k, v in locals().items()
         if k not in ("config", "check", "ladder", "env") and v not in (None, [])
     }
-    fields = {**(load_server_section(config) if config else {}), **flags}
+    try:
+        section = load_server_section(config) if config else {}
+    except (OSError, tomllib.TOMLDecodeError) as unreadable:
+        console.print(f"[red]cannot read {config}:[/red] {unreadable}")
+        raise typer.Exit(2) from None
+    fields = {**section, **flags}
     if ladder:
         fields["mem_fraction_ladder"] = ladder
     if env:
@@ -143,6 +148,10 @@ def _serve(cfg: ServerConfig, check: bool) -> int:
         console.print(attempts_table(failed.attempts))
         console.print(f"[red]{failed}[/red]")
         return 1
+    except (ValueError, RuntimeError, OSError) as refused:  # before any server ran: no model_path, the
+        # key's variable unset, the port taken, no such --python
+        console.print(f"[red]cannot launch:[/red] {refused}")
+        return 2
     with handle:
         console.print(attempts_table(attempts))
         console.print(
