@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 
 from flows.cli.console import console, fail
@@ -64,7 +65,10 @@ def deploy(
     label = name or (cfg.run.name if split is None else f"{cfg.run.name}-{split.label}")
     what = f"deployment {deployment_name(label)} ({schedule.describe()})"
     if pool is not None:
-        deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool, split))
+        try:
+            deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool, split))
+        except (httpx.HTTPError, OSError) as error:
+            fail(f"the Prefect API at {api} cannot be reached ({error}): start it (`datagen ui`)", 3)
         console.print(f"{what} registered on work pool {pool!r} at {api}")
         console.print(f"UI: {ui}/deployments/deployment/{deployment_id}")
         console.print(

@@ -29,10 +29,12 @@ from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy, State
+from prefect.client.schemas.schedules import CronSchedule
 from prefect.context import FlowRunContext
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Completed
+from pydantic import ValidationError
 
 from flows.config import RunConfig, load_config
 from flows.report.status import run_status
@@ -57,6 +59,14 @@ class Schedule:
             raise ValueError("give a cron expression or an interval, not both or neither")
         if self.interval_s is not None and self.interval_s <= 0:
             raise ValueError("the interval must be a positive number of seconds")
+        if self.cron is not None:  # checked now: Prefect's own check came after "serving ..." was said
+            try:
+                CronSchedule(cron=self.cron, timezone="UTC")
+            except ValidationError:
+                raise ValueError(
+                    f"--cron {self.cron!r} is not a cron expression: five fields, minute hour day month "
+                    "weekday, e.g. '0 */6 * * *' for every six hours (UTC)"
+                ) from None
 
     def describe(self) -> str:
         return f"cron {self.cron!r} (UTC)" if self.cron else f"every {self.interval_s:g} s"

@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 from pipeline_support import write_config, write_prompts
+from typer.testing import CliRunner
 
+from flows.cli.main import app
 from flows.orchestration.deploy import Schedule, _deployment, fire, fresh_run_name
 from flows.store.parts import Part
 from flows.store.run_lock import RunLock
+from sglang_launch.ports import free_port
 
 
 def test_fresh_run_names_are_the_scheduled_time_in_utc_and_safe_for_paths() -> None:
@@ -24,6 +27,34 @@ def test_fresh_run_names_are_the_scheduled_time_in_utc_and_safe_for_paths() -> N
 def test_a_schedule_is_a_cron_or_a_positive_interval(cron: str | None, interval: float | None) -> None:
     with pytest.raises(ValueError):
         Schedule(cron=cron, interval_s=interval)
+
+
+def _config(tmp_path: Path) -> Path:
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 3)
+    return write_config(
+        tmp_path / "c.toml", name="d", output_dir=tmp_path, url="http://127.0.0.1:9", source=source
+    )
+
+
+def test_a_cron_that_is_no_cron_is_refused_before_anything_is_served(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a cron expression: five fields"):
+        Schedule(cron="every six hours")
+    assert Schedule(cron="0 */6 * * *").describe() == "cron '0 */6 * * *' (UTC)"
+    config = _config(tmp_path)
+    result = CliRunner().invoke(app, ["deploy", str(config), "--cron", "every six hours"])
+    assert result.exit_code == 2 and "not a cron expression" in result.output
+    assert "serving" not in result.output
+
+
+def test_registering_on_a_pool_with_the_api_down_is_one_line(tmp_path: Path) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    config = _config(tmp_path)
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
+        result = CliRunner().invoke(app, ["deploy", str(config), "--interval", "60", "--pool", "p"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 3 and "cannot be reached" in result.output
 
 
 async def test_a_firing_on_a_busy_run_is_skipped_with_a_line_and_writes_nothing(tmp_path: Path) -> None:
