@@ -42,6 +42,7 @@ from sglang_launch.logparse import (
 )
 from sglang_launch.memory_math import (
     GIB,
+    MAX_FRACTION,
     FractionChange,
     frac,
     fraction_change,
@@ -589,16 +590,25 @@ def _kv_failure_advice(log: ServerLog, memory: MemoryContext, t: Thresholds) -> 
     was = f" (it was {frac(memory.fraction)})" if memory.fraction is not None else ""
     suggest = math.ceil(needed * 100) / 100 + 0.02
     margin = (1 - suggest) * before
+    floor = (
+        f"The weights (and whatever else was allocated meanwhile) took {size(before - after)} of the "
+        f"{size(before)} free before loading, so --mem-fraction-static must be above "
+        f"1 - {gib(after):.2f}/{gib(before):.2f} = {needed:.3f}{was}."
+    )
+    if suggest > MAX_FRACTION:  # no fraction leaves the activations their room
+        advice.append(
+            f"{floor} No fraction up to {MAX_FRACTION:.2f} leaves KV beside them with room for activations: "
+            "the model does not fit these GPUs as loaded; use more GPUs (a larger --tp), an fp8 "
+            "checkpoint, or a smaller model."
+        )
+        return advice
     warn = (
         f" That leaves only {size(margin)} for activations: too tight, use more GPUs or a smaller model."
         if margin < t.min_margin_bytes
         else ""
     )
     advice.append(
-        f"The weights (and whatever else was allocated meanwhile) took {size(before - after)} of the "
-        f"{size(before)} free before loading, so --mem-fraction-static must be above "
-        f"1 - {gib(after):.2f}/{gib(before):.2f} = {needed:.3f}{was}. Each 0.01 above that buys "
-        f"{size(step_bytes)} of KV{per_step}; e.g. {suggest:.2f} gives "
+        f"{floor} Each 0.01 above that buys {size(step_bytes)} of KV{per_step}; e.g. {suggest:.2f} gives "
         f"~{size((suggest - needed) * before)} of KV and leaves {size(margin)} for activations.{warn}"
     )
     return advice

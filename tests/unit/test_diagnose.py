@@ -334,3 +334,19 @@ def test_last_minutes_judges_only_the_end_of_a_long_log() -> None:
 def test_every_verdict_has_a_plain_words_meaning() -> None:
     verdicts = {"kv_bound", "retraction_bound", "running_cap_bound", "prefill_bound", "reservation_bound"}
     assert set(VERDICT_MEANINGS) == verdicts | {"starved", "healthy", "failure", "idle"}
+
+
+def test_a_model_that_leaves_no_room_gets_no_fraction_above_the_cap() -> None:
+    """The weights took 77 of 79 GiB: the advice read 'e.g. 1.00 gives ~2.0 GiB of KV', a fraction
+    SGLang refuses and one that leaves nothing for activations."""
+    log = (
+        "[2026-11-29 10:00:00 TP0] Load weight begin. avail mem=79.00 GB\n"
+        "[2026-11-29 10:01:00 TP0] Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, "
+        "avail mem=2.00 GB, mem usage=77.00 GB.\n"
+        "[2026-11-29 10:01:01 TP0] RuntimeError: Not enough memory. Please try to increase "
+        "--mem-fraction-static. Current value: mem_fraction_static=0.88\n"
+    )
+    result = diagnose(parse_log(log))
+    text = " ".join(result.advice)
+    assert result.verdict == "failure"
+    assert "e.g. 1." not in text and "does not fit these GPUs" in text
