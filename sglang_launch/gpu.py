@@ -48,6 +48,8 @@ class GpuSnapshot:
     source: str
     driver_version: str | None = None
     has_process_info: bool = True
+    unreadable: tuple[int, ...] = ()
+    """GPUs whose memory could not be read (nvidia-smi's ``[N/A]``): left out of ``gpus``."""
 
 
 class GpuUnavailableError(RuntimeError):

@@ -27,7 +27,7 @@ from sglang_launch.memory_math import (
 class GpuFinding:
     """Something about the GPUs a person should know; ``warning`` ones make the exit code 1."""
 
-    kind: str  # "process" | "unattributed" | "unbalanced" | "low_margin" | "no_kv"
+    kind: str  # "process" | "unattributed" | "unreadable" | "unbalanced" | "low_margin" | "no_kv"
     severity: str  # "warning" | "info"
     gpus: tuple[int, ...]
     message: str
@@ -64,18 +64,31 @@ def assess_gpus(
                 "process", level, tuple(i for i, _ in places), f"PID {pid} holds {amount} on {where}: {who}"
             )
         )
-    if snapshot.has_process_info:
-        for gpu in gpus:
-            if not gpu.processes and gpu.used_bytes >= thresholds.unattributed_bytes:
-                findings.append(
-                    GpuFinding(
-                        "unattributed",
-                        level,
-                        (gpu.index,),
-                        f"GPU {gpu.index}: {gib(gpu.used_bytes):.1f} GiB used but no process listed "
-                        "(held from another container or PID namespace, or by the driver)",
-                    )
+    why = (
+        "but no process listed (held from another container or PID namespace, or by the driver)"
+        if snapshot.has_process_info
+        else "(the CSV cannot say by whom: a server still running, or a stale one)"
+    )
+    for gpu in gpus if snapshot.has_process_info or not server_expected else ():
+        if not gpu.processes and gpu.used_bytes >= thresholds.unattributed_bytes:
+            findings.append(
+                GpuFinding(
+                    "unattributed",
+                    level,
+                    (gpu.index,),
+                    f"GPU {gpu.index}: {gib(gpu.used_bytes):.1f} GiB used {why}",
                 )
+            )
+    unreadable = [i for i in snapshot.unreadable if group is None or i in group]
+    if unreadable:
+        findings.append(
+            GpuFinding(
+                "unreadable",
+                "warning",
+                tuple(unreadable),
+                f"GPU {_ids(unreadable)}: no memory reading ([N/A], a GPU in a bad state): not judged",
+            )
+        )
     if len(gpus) > 1:
         low = min(gpus, key=lambda g: g.free_bytes)
         high = max(gpus, key=lambda g: g.free_bytes)
@@ -133,8 +146,9 @@ def preflight(
             f"none of GPUs {list(group or [])} exist here (found {_ids([g.index for g in snapshot.gpus])})"
         )
     gpus = [g for g in snapshot.gpus if g.index in chosen]
+    judged = chosen + tuple(i for i in snapshot.unreadable if group is None or i in group)
     findings = list(
-        assess_gpus(snapshot, chosen, server_expected=current_fraction is not None, thresholds=thresholds)
+        assess_gpus(snapshot, judged, server_expected=current_fraction is not None, thresholds=thresholds)
     )
     changes: tuple[FractionChange, ...] = ()
     launch = None

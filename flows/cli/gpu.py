@@ -292,7 +292,12 @@ def _show_preflight(report: PreflightReport) -> None:
     for f in report.findings:
         console.print(f"{'WARNING' if f.severity == 'warning' else 'note'}: {f.message}", markup=False)
     if not report.findings:
-        console.print("OK: no process holds GPU memory, free memory is balanced.")
+        held = (
+            "no process holds GPU memory"
+            if report.snapshot.has_process_info
+            else "the CSV lists no processes"
+        )
+        console.print(f"OK: free memory is balanced ({held}).")
 
 
 def _row(index: int, name: str, total: int, used: int, free: int) -> list[str]:

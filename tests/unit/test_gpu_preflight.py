@@ -223,7 +223,7 @@ def test_csv_with_and_without_units_and_a_header() -> None:
 
 def test_csv_errors_name_the_line() -> None:
     with pytest.raises(ValueError, match="line 2: expected 4 columns"):
-        parse_gpu_csv("0, 1, 2, 3\n0, 1, 2\n")
+        parse_gpu_csv("0, 1, 3, 2\n0, 1, 2\n")
     with pytest.raises(ValueError, match="line 1: unknown unit 'TiB'"):
         parse_gpu_csv("0, 1 TiB, 2 TiB, 1 TiB\n")
     with pytest.raises(ValueError, match="no GPU rows"):
@@ -275,7 +275,7 @@ def test_preflight_command_headroom_from_csv_and_model_config(tmp_path: Path) ->
     assert ok.exit_code == 0, ok.output
     assert "--mem-fraction-static 0.85 -> 0.88" in ok.output
     assert "63,970" in ok.output and "highest value leaving the margin free: 0.88" in ok.output
-    assert "OK: no process holds GPU memory" in ok.output
+    assert "OK: free memory is balanced (the CSV lists no processes)" in ok.output
     tight = runner.invoke(cli.app, [*args, "--fraction", "0.90", "--json"])
     assert tight.exit_code == 1
     doc = json.loads(tight.output)
@@ -353,3 +353,36 @@ def test_weights_that_do_not_fit_leave_no_kv(nvml: FakeNvml, tmp_path: Path) -> 
     )
     roomy = preflight(snapshot(tmp_path), group=[0], fraction=0.88, weights_bytes=75 * GIB)
     assert roomy.findings[-1].message.endswith("it needs a fraction above 0.942")
+
+
+def test_a_csv_header_says_the_column_order_and_impossible_numbers_are_refused() -> None:
+    """With --format=csv the header names the order; read as index,used,total,free, this row had
+    more used than the total, and every sum after it was wrong."""
+    text = (
+        "index, memory.total [MiB], memory.used [MiB], memory.free [MiB]\n0, 81559 MiB, 76000 MiB, 5559 MiB\n"
+    )
+    assert parse_gpu_csv(text).gpus[0] == GpuInfo(0, "", 81_559 * MIB, 76_000 * MIB, 5_559 * MIB)
+    with pytest.raises(ValueError, match="line 1: used or free above the total: columns in another order"):
+        parse_gpu_csv("0, 81559, 76000, 5559\n")
+
+
+def test_a_gpu_without_a_reading_is_named_and_the_others_still_judged(tmp_path: Path) -> None:
+    """One [N/A] row (a GPU in a bad state) made the whole CSV unreadable: no diagnosis at all."""
+    snap = parse_gpu_csv("0, 1000 MiB, 81559 MiB, 80559 MiB\n1, [N/A], [N/A], [N/A]\n")
+    assert [g.index for g in snap.gpus] == [0] and snap.unreadable == (1,)
+    report = preflight(snap)
+    assert [(f.kind, f.gpus) for f in report.findings] == [("unreadable", (1,))] and report.exit_code == 1
+    csv = tmp_path / "smi.csv"
+    csv.write_text("0, 1000 MiB, 81559 MiB, 80559 MiB\n1, [N/A], [N/A], [N/A]\n")
+    log = str(FIXTURES / "logs" / "seeds_kv_bound_tp8.log")
+    result = CliRunner().invoke(cli.app, ["diagnose", log, "--gpu-csv", str(csv), "--json"])
+    assert json.loads(result.output)["verdict"] == "kv_bound"
+
+
+def test_memory_used_on_a_csv_is_a_finding_before_a_launch() -> None:
+    """A CSV lists no processes, and 90 GiB used on every GPU (a stale server) was judged OK."""
+    snap = parse_gpu_csv((FIXTURES / "logs" / "seeds_nvidia_smi.csv").read_text())
+    report = preflight(snap)
+    assert report.exit_code == 1
+    assert {f.kind for f in report.findings} == {"unattributed"} and len(report.findings) == 8
+    assert "the CSV cannot say by whom" in report.findings[0].message
