@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flows.client.errors import PermanentRequestError
+from flows.client.errors import PermanentRequestError, TransientRequestError
 from flows.client.responses import Generation, Usage
 from flows.client.sampling import SamplingParams
 from flows.run.regen import (
@@ -330,12 +330,24 @@ async def test_max_requests_after_a_call_leaves_the_results_unsent() -> None:
     assert result.messages[-1] == _call_answer(currency)
 
 
-async def test_a_client_error_on_a_later_turn_propagates_unchanged() -> None:
-    error = PermanentRequestError("prompt longer than the context", status=400)
+async def test_a_transient_error_on_a_later_turn_propagates_unchanged() -> None:
+    error = TransientRequestError("server unavailable (503)", status=503, attempts=6)
     client = ScriptedGenerator(_gen("a1"), error)
-    with pytest.raises(PermanentRequestError) as raised:
+    with pytest.raises(TransientRequestError) as raised:
         await regenerate(_three_turns(), client, SAMPLING, "all_turns")
     assert raised.value is error
+
+
+async def test_a_later_turn_over_the_context_keeps_the_turns_answered() -> None:
+    """The history grows each turn; the 400 of the turn that outgrew the context threw away the
+    answers already paid for."""
+    error = PermanentRequestError("prompt longer than the context", status=400)
+    client = ScriptedGenerator(_gen("a1"), error)
+    result = await regenerate(_three_turns(), client, SAMPLING, "all_turns")
+    assert result.messages == [SYSTEM, Q1, _answer("a1")]
+    assert result.stop_reason == "refused: prompt longer than the context"
+    with pytest.raises(PermanentRequestError):  # the first turn refused: nothing to keep, a reject
+        await regenerate(_three_turns(), ScriptedGenerator(error), SAMPLING, "all_turns")
 
 
 async def test_bad_mode_and_bound_are_refused() -> None:
