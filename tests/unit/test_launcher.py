@@ -55,6 +55,10 @@ FAKE_SERVER = textwrap.dedent(
         sem.write(bytes(32))
         sem.flush()
         semaphore = mmap.mmap(sem.fileno(), 32)  # only mapped, like a named semaphore
+    if os.environ.get("FAKE_OOM_LOADING"):
+        print("[2026-11-29 14:06:40 TP0] Load weight begin. avail mem=79.00 GB", flush=True)
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", flush=True)
+        sys.exit(1)
     if fraction > float(os.environ.get("FAKE_OOM_ABOVE", "1")):
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", flush=True)
         sys.exit(1)
@@ -228,6 +232,16 @@ def test_oom_is_retried_down_the_ladder(fake_cfg: ServerConfig) -> None:
         assert handle.fraction == 0.82
         assert "CUDA out of memory" in attempts[0].log_path.read_text()
         assert len({a.log_path for a in attempts}) == 4
+
+
+def test_an_oom_while_loading_the_weights_is_not_retried_down_the_ladder(fake_cfg: ServerConfig) -> None:
+    """No fraction helps before the KV cache exists; each rung reloaded the weights for nothing."""
+    cfg = with_env(fake_cfg, FAKE_OOM_LOADING="1").model_copy(update={"mem_fraction_static": 0.9})
+    with pytest.raises(StartupFailed) as failed:
+        launch_with_ladder(cfg)
+    (attempt,) = failed.value.attempts
+    assert attempt.failure_kind == "weights_oom"
+    assert attempt.failure is not None and "no --mem-fraction-static helps" in attempt.failure.explanation
 
 
 def test_kv_pool_failure_goes_up_and_auto_fraction_is_read_from_the_log(fake_cfg: ServerConfig) -> None:
