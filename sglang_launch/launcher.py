@@ -262,7 +262,14 @@ class ServerProcess:
                 logger.warning("server pid %d ignored SIGTERM for %.0fs; sending SIGKILL", self.pid, grace_s)
                 self._signal_group(signal.SIGKILL)
                 self._wait_gone(_KILL_WAIT_S)
-        self.popen.wait()
+        try:
+            self.popen.wait(timeout=_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:  # stuck in the kernel (a driver, NFS): waiting froze Ctrl-C
+            logger.error(
+                "server pid %d did not exit even after SIGKILL (stuck in the kernel); it may still hold "
+                "GPU memory: `datagen preflight` shows what does",
+                self.pid,
+            )
         self._pump.join(timeout=_KILL_WAIT_S)
         remove_leftover_shm(self._shm_before)
         self._stopped = True

@@ -437,3 +437,23 @@ def test_launch_config_logs_go_to_the_run_directory_unless_told(tmp_path: Path) 
     assert load_server_section(config)["log_dir"] == Path("out") / "r1" / "server-logs"
     config.write_text('[run]\nname = "r1"\n[server]\nmodel_path = "m"\nlog_dir = "/var/log/x"\n')
     assert load_server_section(config)["log_dir"] == "/var/log/x"
+
+
+def test_stop_returns_when_the_server_cannot_be_killed(
+    tmp_path: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader stuck in the kernel (a driver, NFS) outlives SIGKILL: waiting for it without a bound
+    froze Ctrl-C of the run that launched it."""
+    monkeypatch.setattr(launcher, "_KILL_WAIT_S", 0.2)
+    process = launcher.ServerProcess(
+        [sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "l.log", ""
+    )
+    monkeypatch.setattr(process, "_signal_group", lambda sig: None)  # the signals do not take
+    try:
+        started = time.monotonic()
+        process.stop(0.1)
+        assert time.monotonic() - started < 5
+        assert "did not exit even after SIGKILL" in caplog.text
+    finally:
+        process.popen.kill()
+        process.popen.wait()
