@@ -283,10 +283,18 @@ def parse_log(text: str) -> ServerLog:
         retractions=tuple(retractions),
         startup=tuple(sorted(ranks, key=lambda r: -1 if r.tp_rank is None else r.tp_rank)),
         args=args,
-        failure=classify_startup_failure(text),
+        failure=classify_startup_failure(_last_start(text)),
         ready=ready,
         http_statuses=dict(sorted(statuses.items())),
     )
+
+
+def _last_start(text: str) -> str:
+    """The log from the server's last start on (SGLang prints its ``server_args`` at each): a log
+    that spans restarts (``docker logs``, a file appended to) holds the failures of the earlier
+    starts, and the server that runs now is the one to diagnose."""
+    start = text.rfind("server_args=")
+    return text if start < 0 else text[text.rfind("\n", 0, start) + 1 :]
 
 
 def _split_prefix(line_no: int, raw: str) -> tuple[Stamp, str]:

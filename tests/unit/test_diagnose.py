@@ -350,3 +350,16 @@ def test_a_model_that_leaves_no_room_gets_no_fraction_above_the_cap() -> None:
     text = " ".join(result.advice)
     assert result.verdict == "failure"
     assert "e.g. 1." not in text and "does not fit these GPUs" in text
+
+
+def test_a_failure_of_an_earlier_start_is_not_the_server_of_now() -> None:
+    """A log over restarts (docker logs): day 1's OOM was read as the verdict of a server serving
+    today, even with --last-minutes."""
+    now = (LOGS / "seeds_kv_bound_tp8.log").read_text()
+    old = (
+        "[2025-06-01 00:00:00] server_args=ServerArgs(mem_fraction_static=0.95)\n"
+        "[2025-06-01 00:00:09 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    )
+    assert diagnose(parse_log(old + now)).verdict == "kv_bound"
+    assert diagnose(parse_log(old + now), last_minutes=30).verdict == "kv_bound"
+    assert diagnose(parse_log(now + old)).verdict == "failure"  # the last start failed: that is now
