@@ -280,7 +280,8 @@ class ServerProcess:
 
 def _check_port_free(host: str, port: int) -> None:
     """Refuse a busy port: /health would otherwise be answered by whoever holds it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ("::" read as IPv4 was "in use")
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is fine
         try:
             sock.bind((host, port))
@@ -299,8 +300,10 @@ def read_api_key(cfg: ServerConfig) -> str | None:
 
 
 def server_url(host: str, port: int) -> str:
-    """Where clients reach a server bound to `host` (a wildcard bind is reached over loopback)."""
-    return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    """Where clients reach a server bound to `host` (a wildcard bind is reached over loopback; an
+    IPv6 address in brackets)."""
+    reach = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://{f'[{reach}]' if ':' in reach else reach}:{port}"
 
 
 def _kv_capacity(url: str, log_path: Path, api_key: str | None) -> int | None:

@@ -30,6 +30,7 @@ from sglang_launch.launcher import (
     retry_direction,
     server_url,
 )
+from sglang_launch.ports import free_port
 from sglang_launch.probe import is_healthy, kv_capacity, server_info
 from sglang_launch.server_config import ServerConfig
 
@@ -423,10 +424,21 @@ def test_simulator_runs_behind_the_same_engine_interface(tmp_path: Path) -> None
         ("127.0.0.1", "http://127.0.0.1:30000"),
         ("0.0.0.0", "http://127.0.0.1:30000"),
         ("gpu-7", "http://gpu-7:30000"),
+        ("::", "http://[::1]:30000"),
+        ("fd00::7", "http://[fd00::7]:30000"),
     ],
 )
 def test_server_url_reaches_a_wildcard_bind_over_loopback(host: str, url: str) -> None:
     assert server_url(host, 30000) == url
+
+
+def test_a_free_ipv6_port_is_free_and_a_taken_one_refused() -> None:
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as taken:
+        taken.bind(("::1", 0))
+        taken.listen()
+        with pytest.raises(RuntimeError, match="already in use"):
+            launcher._check_port_free("::1", taken.getsockname()[1])
+    launcher._check_port_free("::1", free_port())
 
 
 def test_launch_config_logs_go_to_the_run_directory_unless_told(tmp_path: Path) -> None:
