@@ -81,14 +81,17 @@ def read_gpus(proc_root: Path = Path("/proc")) -> GpuSnapshot:
         ) from exc
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        gpus = tuple(_read_one(i, proc_root) for i in range(pynvml.nvmlDeviceGetCount()))
+        read = [_read_one(i, proc_root) for i in range(pynvml.nvmlDeviceGetCount())]
     except pynvml.NVMLError as exc:
         raise GpuUnavailableError(f"NVML query failed: {exc}") from exc
     finally:
         pynvml.nvmlShutdown()
-    if not gpus:
+    if not read:
         raise GpuUnavailableError("NVML found no NVIDIA GPU")
-    return GpuSnapshot(gpus=gpus, source="nvml", driver_version=driver)
+    listed = all(known for _, known in read)
+    return GpuSnapshot(
+        gpus=tuple(gpu for gpu, _ in read), source="nvml", driver_version=driver, has_process_info=listed
+    )
 
 
 def read_memory() -> list[tuple[int, int]]:
@@ -111,12 +114,21 @@ def read_memory() -> list[tuple[int, int]]:
     return readings
 
 
-def _read_one(index: int, proc_root: Path) -> GpuInfo:
+def _read_one(index: int, proc_root: Path) -> tuple[GpuInfo, bool]:
+    """One GPU's memory and processes, and whether its processes could be listed: vGPU and MIG
+    answer the process queries with NotSupported, and the memory figures are still worth judging
+    (they were thrown away with the whole snapshot)."""
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
     seen: dict[int, GpuProcess] = {}
+    listed = True
     for query in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
-        for proc in query(handle):
+        try:
+            procs = query(handle)
+        except pynvml.NVMLError:
+            listed = False
+            continue
+        for proc in procs:
             if proc.pid not in seen:  # a process can be both compute and graphics: count it once
                 name, cmdline = describe_process(proc.pid, proc_root)
                 seen[proc.pid] = GpuProcess(proc.pid, name, cmdline, proc.usedGpuMemory)
@@ -127,7 +139,7 @@ def _read_one(index: int, proc_root: Path) -> GpuInfo:
         used_bytes=int(mem.used),
         free_bytes=int(mem.free),
         processes=tuple(sorted(seen.values(), key=lambda p: p.pid)),
-    )
+    ), listed
 
 
 def _text(value: str | bytes) -> str:

@@ -67,7 +67,7 @@ def assess_gpus(
     why = (
         "but no process listed (held from another container or PID namespace, or by the driver)"
         if snapshot.has_process_info
-        else "(the CSV cannot say by whom: a server still running, or a stale one)"
+        else "(no process list here, from a CSV or a vGPU/MIG driver: a server still running, or a stale one)"
     )
     for gpu in gpus if snapshot.has_process_info or not server_expected else ():
         if not gpu.processes and gpu.used_bytes >= thresholds.unattributed_bytes:

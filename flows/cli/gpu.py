@@ -292,11 +292,7 @@ def _show_preflight(report: PreflightReport) -> None:
     for f in report.findings:
         console.print(f"{'WARNING' if f.severity == 'warning' else 'note'}: {f.message}", markup=False)
     if not report.findings:
-        held = (
-            "no process holds GPU memory"
-            if report.snapshot.has_process_info
-            else "the CSV lists no processes"
-        )
+        held = "no process holds GPU memory" if report.snapshot.has_process_info else "no process list here"
         console.print(f"OK: free memory is balanced ({held}).")
 
 

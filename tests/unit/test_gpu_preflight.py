@@ -275,7 +275,7 @@ def test_preflight_command_headroom_from_csv_and_model_config(tmp_path: Path) ->
     assert ok.exit_code == 0, ok.output
     assert "--mem-fraction-static 0.85 -> 0.88" in ok.output
     assert "63,970" in ok.output and "highest value leaving the margin free: 0.88" in ok.output
-    assert "OK: free memory is balanced (the CSV lists no processes)" in ok.output
+    assert "OK: free memory is balanced (no process list here)" in ok.output
     tight = runner.invoke(cli.app, [*args, "--fraction", "0.90", "--json"])
     assert tight.exit_code == 1
     doc = json.loads(tight.output)
@@ -385,4 +385,21 @@ def test_memory_used_on_a_csv_is_a_finding_before_a_launch() -> None:
     report = preflight(snap)
     assert report.exit_code == 1
     assert {f.kind for f in report.findings} == {"unattributed"} and len(report.findings) == 8
-    assert "the CSV cannot say by whom" in report.findings[0].message
+    assert "no process list here" in report.findings[0].message
+
+
+def test_a_driver_that_lists_no_processes_still_gives_the_memory(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vGPU and MIG answer the process queries with NotSupported: the whole snapshot was lost."""
+
+    def not_supported(handle: int) -> list[Any]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", not_supported)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGraphicsRunningProcesses", not_supported)
+    snap = read_gpus(fake_proc(tmp_path))
+    assert len(snap.gpus) == 8 and not snap.has_process_info
+    assert snap.gpus[3].used_bytes == 72 * GIB
+    report = preflight(snap)
+    assert ("unattributed", (3,)) in [(f.kind, f.gpus) for f in report.findings]
