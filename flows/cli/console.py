@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from flows.report.status import RunStatus
 from flows.report.summary import report_name
@@ -80,7 +81,7 @@ def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:
 
 
 def status_table(status: RunStatus) -> Table:
-    table = Table(title=f"{status.run_dir}  (config {status.fingerprint})")
+    table = Table(title=escape(f"{status.run_dir}  (config {status.fingerprint})"))
     for column in ("category", "rows", "training", "truncated", "rejects", "limit", "output tokens"):
         table.add_column(column, justify="left" if column == "category" else "right")
     for c in status.categories:
@@ -118,7 +119,7 @@ def print_status(status: RunStatus, out: Console = console) -> None:
         for column in ("category", "reason", "count"):
             table.add_column(column)
         for name, reason, n in reasons:
-            table.add_row(name, reason, str(n))
+            table.add_row(name, Text(reason), str(n))  # a reason quotes prompts and servers: not markup
         out.print(table)
 
 
@@ -138,7 +139,10 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
         across = category["duplicates_of_other_categories"]
         if across:
             owners = ", ".join(f"{n} in {owner}" for owner, n in across.items())
-            console.print(f"{category['name']}: duplicates of prompts already in other categories: {owners}")
+            console.print(
+                f"{category['name']}: duplicates of prompts already in other categories: {owners}",
+                markup=False,
+            )
     console.print(
         f"[bold]This run:[/] {summary['rows']} rows, {summary['rejects']} rejects, "
         f"{summary['completion_tokens']:,} output tokens in {summary['seconds']:.1f} s "
@@ -153,9 +157,9 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
         console.print(f"Part {summary['part']}: {others} prompts were left to the other parts.")
     data_dir = f"{status.run_dir}/data"
     report = Path(summary["local_dir"]) / report_name(summary["part"])
-    console.print(f"[bold]Data:[/] {data_dir}   [bold]Report:[/] {report}")
+    console.print(f"[bold]Data:[/] {escape(data_dir)}   [bold]Report:[/] {escape(str(report))}")
     console.print(
-        f'Load it: datasets.load_dataset("parquet", data_dir="{data_dir}") '
+        f'Load it: datasets.load_dataset("parquet", data_dir="{escape(data_dir)}") '
         "(rows with flags, e.g. truncated, are not training rows: filter on `flags == []`, "
         "or `datagen export` the training split)"
     )

@@ -69,13 +69,14 @@ def deploy(
             deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool, split))
         except (httpx.HTTPError, OSError) as error:
             fail(f"the Prefect API at {api} cannot be reached ({error}): start it (`datagen ui`)", 3)
-        console.print(f"{what} registered on work pool {pool!r} at {api}")
-        console.print(f"UI: {ui}/deployments/deployment/{deployment_id}")
+        console.print(f"{what} registered on work pool {pool!r} at {api}", markup=False)
+        console.print(f"UI: {ui}/deployments/deployment/{deployment_id}", markup=False)
         console.print(
             f"Start a worker where the project is installed: PREFECT_API_URL={api} "
-            f"uv run prefect worker start --pool {pool}"
+            f"uv run prefect worker start --pool {pool}",
+            markup=False,
         )
         return
-    console.print(f"serving {what} from this process; Ctrl-C stops it")
-    console.print(f"UI: {ui}/deployments (its flow runs: {ui}/runs)")
+    console.print(f"serving {what} from this process; Ctrl-C stops it", markup=False)
+    console.print(f"UI: {ui}/deployments (its flow runs: {ui}/runs)", markup=False)
     serve(config, schedule, label, fresh_run_names, split)

@@ -18,6 +18,7 @@ import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sglang_launch.diagnose import Diagnosis
 from sglang_launch.diagnose import diagnose as diagnose_log
@@ -260,7 +261,7 @@ def _show_preflight(report: PreflightReport) -> None:
             procs = ", ".join(f"{p.pid} {p.name}".strip() for p in g.processes) or (
                 "-" if snap.has_process_info else "(not in CSV)"
             )
-            table.add_row(*_row(g.index, g.name, g.total_bytes, g.used_bytes, g.free_bytes), procs)
+            table.add_row(*_row(g.index, g.name, g.total_bytes, g.used_bytes, g.free_bytes), Text(procs))
     console.print(table)
     if report.changes:
         first = report.changes[0]

@@ -17,7 +17,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from sglang_launch.launcher import LaunchAttempt, StartupFailed, launch_with_ladder
 from sglang_launch.server_config import SERVER_LOGS, EngineKind, EnvPreset, ParserPreset, ServerConfig
@@ -64,7 +66,7 @@ def attempts_table(attempts: list[LaunchAttempt]) -> Table:
             a.outcome,
             a.failure_kind or "",
             f"{a.seconds:.1f}",
-            str(a.log_path),
+            Text(str(a.log_path)),
         )
     return table
 
@@ -119,7 +121,7 @@ def launch(
     try:
         section = load_server_section(config) if config else {}
     except (OSError, tomllib.TOMLDecodeError) as unreadable:
-        console.print(f"[red]cannot read {config}:[/red] {unreadable}")
+        console.print(f"[red]cannot read {escape(str(config))}:[/red] {escape(str(unreadable))}")
         raise typer.Exit(2) from None
     fields = {**section, **flags}
     if ladder:
@@ -129,7 +131,7 @@ def launch(
     try:
         cfg = ServerConfig.model_validate(fields)
     except ValidationError as invalid:
-        console.print(f"[red]invalid server settings:[/red] {invalid}")
+        console.print(f"[red]invalid server settings:[/red] {escape(str(invalid))}")
         raise typer.Exit(2) from invalid
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a stopped `datagen launch` stops its server
     try:
@@ -146,11 +148,11 @@ def _serve(cfg: ServerConfig, check: bool) -> int:
         handle, attempts = launch_with_ladder(cfg)
     except StartupFailed as failed:
         console.print(attempts_table(failed.attempts))
-        console.print(f"[red]{failed}[/red]")
+        console.print(f"[red]{escape(str(failed))}[/red]")  # quotes the server's log
         return 1
     except (ValueError, RuntimeError, OSError) as refused:  # before any server ran: no model_path, the
         # key's variable unset, the port taken, no such --python
-        console.print(f"[red]cannot launch:[/red] {refused}")
+        console.print(f"[red]cannot launch:[/red] {escape(str(refused))}")
         return 2
     with handle:
         console.print(attempts_table(attempts))
@@ -165,5 +167,5 @@ def _serve(cfg: ServerConfig, check: bool) -> int:
         except KeyboardInterrupt:
             console.print("stopping the server")
             return 0
-    console.print(f"[red]the server exited on its own; see {handle.log_path}[/red]")
+    console.print(f"[red]the server exited on its own; see {escape(str(handle.log_path))}[/red]")
     return 1

@@ -143,7 +143,7 @@ def demo(
     with SimulatorProcess(demo_sim_config()) as sim:
         cfg = demo_config(sim.url, output_dir)
         if reset_run_dir(cfg):
-            console.print(f"(replacing the previous demo run in {cfg.run_dir})")
+            console.print(f"(replacing the previous demo run in {cfg.run_dir})", markup=False)
         console.print(
             f"simulator (SGLang 0.5.23 surface) at {sim.url}; Prefect: {'off' if no_prefect else 'on'}"
         )
@@ -176,7 +176,7 @@ def status(
             )
             return
         for written in report_from_disk(local):
-            console.print(f"report: {written}")
+            console.print(f"report: {written}", markup=False)
     if json_out:
         typer.echo(json.dumps(status_document(found), indent=2))
     else:
