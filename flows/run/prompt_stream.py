@@ -55,7 +55,8 @@ class StreamCounts:
     taken: int = 0
     already_done: int = 0
     other_parts: int = 0
-    """Records (and conversion rejects) that belong to other parts of a run split with ``--part``."""
+    """Records that belong to other parts of a run split with ``--part`` (their conversion rejects
+    are in ``rejected`` already: counted here too, the "to ask" step subtracted them twice)."""
     yielded: int = 0
     """Items handed to the pipeline in this run (records to ask and new conversion rejects)."""
     exhausted: bool = False
@@ -220,9 +221,7 @@ def category_items(
             seen_ids.add(rid)
             counts.rejected[item.row["reason"]] += 1
             check_early_rejects(category, counts)
-            if not mine(rid):
-                counts.other_parts += 1
-            elif rid not in state.done_ids:
+            if mine(rid) and rid not in state.done_ids:
                 counts.yielded += 1
                 yield item
             continue

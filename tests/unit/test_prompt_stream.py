@@ -261,6 +261,21 @@ def test_conversion_rejects_are_written_by_their_own_part_only() -> None:
     assert sorted(one + two) == sorted(reject_ids(None)) and len(one + two) == 20 and one and two
 
 
+def test_the_to_ask_step_of_a_part_with_conversion_rejects_is_what_it_asks() -> None:
+    """Another part's conversion rejects were subtracted twice (as rejects and as the other parts'):
+    part 1/2 of 40 rows, 10 of them unconvertible, said 13 to ask and asked 17."""
+    rows = [
+        (i, {"messages": [{"role": "assistant", "content": f"no question {i}"}]})
+        if i % 4 == 0
+        else (i, {"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}"}]})
+        for i in range(40)
+    ]
+    counts = StreamCounts()
+    items = list(category_items(CATEGORY, CategoryState(), counts, rows=rows, part=Part(1, 2)))
+    asked = sum(isinstance(item, Ask) for item in items)
+    assert dict(counts.steps())["to ask (not done yet)"] == asked and counts.other_parts == 30 - asked
+
+
 @pytest.mark.parametrize("with_id", [True, False])
 def test_a_row_with_a_lone_surrogate_is_one_reject_and_its_category_goes_on(
     with_id: bool, tmp_path: Path
