@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from flows.config import RunConfig, parse_config
 from flows.orchestration.link import PrefectLink, open_link, prefect_env_defaults
 from flows.report.progress_log import ProgressLog
-from flows.report.status import RunStatus, expected_prompts, run_status
+from flows.report.status import RunStatus, run_status
 from flows.report.summary import write_report
 from flows.run.endpoints import ConfigProblem, SecretLoader
 from flows.run.pipeline import Pipeline
@@ -58,7 +58,7 @@ def configure(verbose: bool) -> None:
 class RunDisplay(Protocol):
     """What a person watching the run sees: the CLI's live line and closing summary, or nothing."""
 
-    def start(self, expected: int | None) -> None: ...
+    def start(self) -> None: ...
 
     def update(self, session: RunSession) -> None: ...
 
@@ -110,7 +110,7 @@ async def _run_session(
     try:
         async with session:
             if display is not None:
-                display.start(expected_prompts(config))
+                display.start()
             try:
                 if link is not None:
                     from flows.orchestration.flow import run_with_prefect

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from flows.report.live import run_progress
 from flows.report.status import RunStatus
 from flows.report.summary import report_name
 from flows.run.session import RunSession
@@ -43,21 +44,26 @@ class LiveProgress:
         )
         self.task = self.progress.add_task("prompts", total=None, detail="starting")
 
-    def start(self, expected: int | None) -> None:
-        self.progress.update(self.task, total=expected)
+    def start(self) -> None:
         self.progress.start()
 
     def stop(self) -> None:
         self.progress.stop()
 
     def update(self, session: RunSession) -> None:
+        """The prompts this start settles, of the total the Prefect card shows (``run_progress``: a
+        part's own share, conversion rejects included, exact once the source is read). The sum of
+        the categories' limits, as before, was a whole run's prompts without its rejects: a part's
+        bar stopped at 23/30, a run with rejects ended at 40/30."""
         snap = session.snapshot()
-        already = sum(run.counts.already_done for run in session.categories.runs.values())
+        progress = run_progress(session, rows_per_s=0.0)
         rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
         detail = f"{snap['rows']} rows · {snap['rejects']} rejects · {rate:,.0f} tok/s"
+        if progress.already_done:
+            detail += f" · {progress.already_done} done before"
         for endpoint in snap["endpoints"]:
             detail += " · " + endpoint_line(endpoint, several=len(snap["endpoints"]) > 1)
-        self.progress.update(self.task, completed=already + snap["rows"] + snap["rejects"], detail=detail)
+        self.progress.update(self.task, completed=progress.done, total=progress.total, detail=detail)
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)

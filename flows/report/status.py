@@ -10,14 +10,11 @@ import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flows.run.quality import TRUNCATED
 from flows.store.parts import part_of_file
 from flows.store.run_store import RunStore
-
-if TYPE_CHECKING:
-    from flows.config import RunConfig
 
 
 @dataclass
@@ -154,9 +151,3 @@ def status_document(status: RunStatus) -> dict[str, Any]:
             for c in status.categories
         ],
     }
-
-
-def expected_prompts(config: RunConfig) -> int | None:
-    """Prompts the run will settle, when every category has a limit; None while streaming an unknown total."""
-    limits = [c.limit for c in config.categories]
-    return None if any(limit is None for limit in limits) else sum(limit or 0 for limit in limits)

@@ -105,3 +105,28 @@ def test_status_report_redraws_the_plots_of_a_killed_run(tmp_path: Path) -> None
     assert "![output length per category](lengths.png)" in report
     assert (run_dir / "categories.png").stat().st_size > 1000 and (run_dir / "lengths.png").exists()
     assert "| c | 3 | 2 | 2 |" in report
+
+
+def test_the_terminal_bar_ends_at_its_total_for_a_part_and_with_rejects() -> None:
+    """The CLI bar's total was the sum of the limits: a whole run's prompts without its rejects. A
+    part 1/2 that settled its 17 prompts and 5 rejects stopped at 22/30; a whole run with 10
+    conversion rejects ended at 40/30. It now shows what the Prefect card shows."""
+    from flows.cli.console import LiveProgress
+
+    for yielded in (22, 40):  # part 1/2; the whole run, rejects included
+        session = _session(30, exhausted=True, yielded=yielded, rows=yielded - 5, rejects=5, before=0)
+        session.snapshot = lambda: {
+            "rows": 0,
+            "rejects": 0,
+            "completion_tokens": 0,
+            "elapsed_s": 1.0,
+            "endpoints": [],
+        }
+        display = LiveProgress()
+        display.start()
+        try:
+            display.update(session)
+        finally:
+            display.stop()
+        task = display.progress.tasks[0]
+        assert task.completed == task.total == yielded
