@@ -34,9 +34,9 @@ class CategoryStatus:
     rows_by_part: Counter[str] = field(default_factory=Counter)
     rejects_by_part: Counter[str] = field(default_factory=Counter)
 
-    @property
-    def training_rows(self) -> int:
-        return self.rows - self.flagged
+    training_rows: int = 0
+    """Rows ``datagen export`` writes: unflagged, one per id (the first, shard by shard, as it
+    reads them). ``rows - flagged`` counted a repeated id twice."""
 
 
 @dataclass
@@ -78,6 +78,7 @@ def category_status(store: RunStore, name: str, limit: int | None = None) -> Cat
     status = CategoryStatus(name=name, limit=limit)
     state = store.category_state(name)
     seen: set[str] = set()
+    training: set[str] = set()
     for path, table in store.shard_tables(store.data_dir(name), ["id", "flags", "usage"]):
         part = part_of_file(posixpath.basename(path))
         for row in table.to_pylist():
@@ -88,6 +89,9 @@ def category_status(store: RunStore, name: str, limit: int | None = None) -> Cat
                 status.rows_by_part[part] += 1
             flags = row["flags"] or []
             status.flagged += bool(flags)
+            if not flags and row["id"] not in training:
+                training.add(row["id"])
+                status.training_rows += 1
             status.truncated += TRUNCATED in flags
             usage = row["usage"] or {}
             status.completion_tokens += usage.get("completion_tokens") or 0

@@ -70,6 +70,7 @@ def test_status_reads_every_part_counts_each_and_reports_a_repeated_id(tmp_path:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert (doc["rows"], doc["rejects"], doc["repeated_rows"], doc["parts"]) == (4, 1, 1, 2)
+    assert doc["categories"][0]["training_rows"] == 3  # as `datagen export` writes them: "a" once
     assert doc["by_part"] == {"1/2": {"rows": 2, "rejects": 0}, "2/2": {"rows": 2, "rejects": 1}}
     shown = CliRunner().invoke(app, ["status", str(tmp_path / "run")])
     assert "1 rows repeat an id already written" in shown.stdout and "2/2" in shown.stdout  # for a pipe
