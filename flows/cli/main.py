@@ -56,7 +56,12 @@ async def _stoppable(make: Callable[[], Coroutine[Any, Any, object]]) -> object:
     terminated = False
 
     def terminate() -> None:
+        """The first SIGTERM stops the run; later ones are let go: a second cancellation landed in the
+        final flush and skipped the rest of it, the report and the server's stop (systemd and uv
+        may each pass a SIGTERM on). ``kill -9`` still stops it at once, as safely as ever."""
         nonlocal terminated
+        if terminated:
+            return
         terminated = True
         if main is not None:
             main.cancel()
