@@ -27,20 +27,24 @@ THROUGHPUT_PLOT = "throughput.png"
 CATEGORIES_PLOT = "categories.png"
 LENGTHS_PLOT = "lengths.png"
 CONTROLLER_PLOT = "controller.png"
-PLOTTED_DECISIONS = 20_000
-"""At most about this many points on the controller plot; a longer timeline is drawn in bins."""
+PLOTTED_POINTS = 20_000
+"""At most about this many points on a plot over time; a longer run is drawn in bins."""
 # (title, file name) of each plot drawn, in report order.
 Plots = list[tuple[str, str]]
 
 
 def throughput_series(starts: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
-    """Seconds since the first sample, output tok/s between samples, and requests in flight."""
+    """Seconds since the first sample, output tok/s between samples, and requests in flight; at most
+    about ``PLOTTED_POINTS`` of them (a longer run keeps every k-th sample: the rate is then over
+    the k samples' span)."""
     series: dict[str, list[float]] = {"t": [], "tok_s": [], "in_flight": []}
     if not starts:
         return series
     origin = starts[0][0]["at"]
+    stride = math.ceil(sum(len(samples) for samples in starts) / PLOTTED_POINTS) or 1
     for samples in starts:
-        for before, after in itertools.pairwise(samples):
+        kept = samples[::stride] + ([samples[-1]] if (len(samples) - 1) % stride else [])
+        for before, after in itertools.pairwise(kept):
             span = after["at"] - before["at"]
             if span <= 0:
                 continue
@@ -128,7 +132,7 @@ def write_plots(run_dir: Path, data: str | Path) -> Plots:
     if plot_controller(
         iter_timeline(run_dir, CONTROLLER_COLUMNS),
         run_dir / CONTROLLER_PLOT,
-        bin_rows=math.ceil(count_decisions(run_dir) / PLOTTED_DECISIONS) or 1,
+        bin_rows=math.ceil(count_decisions(run_dir) / PLOTTED_POINTS) or 1,
     ):
         drawn.append(("controller: limit, in flight, server queue, KV usage", CONTROLLER_PLOT))
     if plot_categories(numbers, run_dir / CATEGORIES_PLOT):
