@@ -13,6 +13,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -109,6 +110,13 @@ class EndpointConfig(_Strict):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://, e.g. http://127.0.0.1:30000")
+        parts = urlsplit(value)
+        if parts.username is not None or parts.password is not None or parts.query:
+            # the URL is in the manifest, every row's `endpoint`, the report and the live line
+            raise ValueError(
+                "must not carry credentials or a query (user:password@, ?key=): it is written into "
+                "every row and report; put the key in an environment variable named by api_key_env"
+            )
         value = value.rstrip("/")
         return value.removesuffix("/v1")
 

@@ -56,6 +56,16 @@ CASES = [
     ),
     ("url not http", GOOD.replace("http://127.0.0.1:9", "ftp://h"), "endpoints[0].url: must start"),
     (
+        "url with a password",  # it would be written into every row, the manifest and the report
+        GOOD.replace("http://127.0.0.1:9", "http://user:s3cret@127.0.0.1:9"),
+        "endpoints[0].url: must not carry credentials",
+    ),
+    (
+        "url with a key query",
+        GOOD.replace("http://127.0.0.1:9", "http://h:9/?key=s3cret"),
+        "endpoints[0].url: must not",
+    ),
+    (
         "stream not a bool",
         GOOD.replace('url = "http://127.0.0.1:9"', 'url = "http://h"\nstream = "maybe"'),
         "endpoints[0].stream",
@@ -223,3 +233,11 @@ def test_a_part_that_does_not_exist_exits_2_with_one_line(tmp_path: Path, part: 
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert lines[0].startswith("error: ") and "i/K" in lines[0], lines[0]
     assert not (tmp_path / "output").exists()
+
+
+def test_a_refused_endpoint_url_is_not_echoed(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    config = tmp_path / "run.toml"
+    config.write_text(GOOD.replace("http://127.0.0.1:9", "http://user:s3cret@127.0.0.1:9"))
+    result = CliRunner().invoke(app, ["run", str(config), "--no-prefect"])
+    assert result.exit_code == 2 and "s3cret" not in result.output
