@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,7 +43,6 @@ class Tally:
     queued: int = 0
     rows: int = 0
     rejects: int = 0
-    truncated: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
@@ -51,6 +51,13 @@ class Tally:
     internal_errors: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    left_out: int = 0
+    """Rows with a quality flag: kept, but not in the training split."""
+    flags: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def truncated(self) -> int:
+        return self.flags[TRUNCATED]
 
     def count_reject(self, reason: str) -> None:
         self.rejects += 1
@@ -173,11 +180,37 @@ async def _ask(
     tally.rows += 1
     finish = str(row["finish_reason"])
     tally.finish_reasons[finish] = tally.finish_reasons.get(finish, 0) + 1
-    tally.truncated += TRUNCATED in row["flags"]
+    _watch_quality(category.name, tally, row["flags"])
     tally.prompt_tokens += usage.prompt_tokens
     tally.completion_tokens += usage.completion_tokens
     tally.reasoning_tokens += usage.reasoning_tokens
     tally.retried_attempts += regenerated.attempts - len(regenerated.generations)
+
+
+WATCHED_ROWS = 32
+LEFT_OUT_ALARM = 0.9
+
+
+def _watch_quality(category: str, tally: Tally, flags: list[str]) -> None:
+    """Say once, at a category's ``WATCHED_ROWS``-th row, when nearly all its rows so far are left
+    out of training: a thinking model whose answers all end inside the reasoning (a reasoning parser
+    that takes the answer, a ``max_tokens`` too small to finish thinking) makes rows that are all
+    flagged, and a week of GPU time went into them with the numbers in the report only at the end."""
+    if flags:
+        tally.left_out += 1
+        tally.flags.update(flags)
+    if tally.rows != WATCHED_ROWS or tally.left_out < LEFT_OUT_ALARM * WATCHED_ROWS:
+        return
+    seen = ", ".join(f"{flag} {n}" for flag, n in tally.flags.most_common())
+    log.warning(
+        "category %s: %d of its first %d rows are left out of training (%s): 'truncated' means a "
+        "max_tokens too small (for a thinking model, to finish thinking); 'empty' with reasoning, a "
+        "reasoning parser that took the answer. The run goes on; stop it to change the config.",
+        category,
+        tally.left_out,
+        WATCHED_ROWS,
+        seen,
+    )
 
 
 def _given_up(patience: Patience, endpoints: int) -> str:

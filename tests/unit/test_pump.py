@@ -372,3 +372,29 @@ async def test_an_answer_that_cannot_be_read_is_a_retryable_reject_not_a_lost_pr
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and errors[0].exc_info is not None  # the first traceback, once
     assert limiter.in_flight == 0
+
+
+async def test_a_category_whose_first_rows_are_nearly_all_left_out_of_training_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A thinking model whose answers all end inside the reasoning made flagged rows for a week, the
+    numbers in the report only at the end."""
+    limiter = _lanes(FakeClient(), limit=4)
+    sink = _sink(tmp_path)
+    items = [_item(i, "long") for i in range(40)]  # every answer cut by max_tokens
+    await pump_shard(
+        items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+    )
+    warnings = [r.getMessage() for r in caplog.records if "left out of training" in r.getMessage()]
+    assert len(warnings) == 1 and "32 of its first 32 rows" in warnings[0] and "truncated 32" in warnings[0]
+    assert sink.tally.truncated == sink.tally.left_out == 40
+    caplog.clear()
+    fine = _sink(tmp_path / "fine")
+    await pump_shard(
+        [_item(i, "ok") for i in range(40)],
+        limiter=limiter,
+        category=CATEGORY,
+        sampling=SamplingParams(max_tokens=8),
+        sink=fine,
+    )
+    assert not [r for r in caplog.records if "left out of training" in r.getMessage()]
