@@ -24,6 +24,7 @@ hour instead of the SDK's 600 s, which would kill exactly the longest, most valu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -49,8 +50,10 @@ from tenacity import (
 
 from flows.client.errors import (
     FatalEndpointError,
+    PermanentRequestError,
     RequestError,
     TransientRequestError,
+    answer_room,
     classify,
     error_for_event,
     error_for_reply,
@@ -211,6 +214,25 @@ class EndpointClient:
         the number of attempts made.
         """
         model = await self._resolved_model()
+        try:
+            return await self._generate(model, messages, tools, sampling)
+        except PermanentRequestError as refused:
+            room = answer_room(refused)
+            if room is None or room >= sampling.max_tokens:
+                raise
+            # the prompt fits with a shorter answer: asked so (the answer is flagged if it is cut)
+            shorter = dataclasses.replace(sampling, max_tokens=room)
+            generation = await self._generate(model, messages, tools, shorter)
+            generation.max_tokens = room
+            return generation
+
+    async def _generate(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        sampling: SamplingParams,
+    ) -> Generation:
         request = _request_kwargs(model, messages, tools, sampling)
         if self._stream:
             request = {**request, "stream": True, "stream_options": {"include_usage": True}}

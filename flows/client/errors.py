@@ -18,6 +18,7 @@ second later. So every failure becomes exactly one of:
 from __future__ import annotations
 
 import json
+import re
 import ssl
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -29,6 +30,13 @@ PERMANENT_STATUSES = frozenset({400, 413, 422})
 # 4xx codes that say "not now" rather than "never" or "misconfigured".
 TRANSIENT_CLIENT_STATUSES = frozenset({408, 409, 425, 429})
 MAX_REASON_CHARS = 1000
+MIN_ANSWER_ROOM = 64
+"""Fewer tokens left for an answer than this beside a prompt, and asking with a smaller
+``max_tokens`` is not worth it: the answer would be cut (a flagged row)."""
+_OVER_CONTEXT = re.compile(
+    r"maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: (\d+) tokens from "
+    r"the input messages and (\d+) tokens for the completion"
+)
 _REDACTED = "***"
 
 
@@ -169,3 +177,19 @@ def _redact(text: str, secret: str | None) -> str:
 
 def _shorten(text: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+def answer_room(refused: PermanentRequestError) -> int | None:
+    """The ``max_tokens`` that fits beside the prompt, where the server refused the prompt with its
+    ``max_tokens`` as over the context (SGLang's 400 says the numbers; vLLM caps the answer itself);
+    None where the refusal is another, or the room is under ``MIN_ANSWER_ROOM``.
+
+    Refused, such a prompt was a reject for good: every prompt within ``max_tokens`` of the context
+    was lost on SGLang, though a shorter answer would have been served (and is flagged if cut).
+    """
+    found = _OVER_CONTEXT.search(refused.reason)
+    if found is None:
+        return None
+    context, prompt, asked = (int(number) for number in found.groups())
+    room = context - prompt
+    return room if MIN_ANSWER_ROOM <= room < asked else None

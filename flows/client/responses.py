@@ -44,6 +44,9 @@ class Generation:
     latency_s: float
     ttft_s: float | None
     attempts: int
+    max_tokens: int | None = None
+    """The answer's cap where it was not the category's: a prompt near the context was asked with
+    the room left beside it (``errors.answer_room``), and its row says so."""
 
 
 def generation_from_completion(

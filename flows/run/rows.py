@@ -6,6 +6,7 @@ without a server.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ def output_row(
 ) -> dict[str, Any]:
     """The stored row: the conversation as regenerated (prompt turns + new assistant turns)."""
     usage = regenerated.usage
+    capped = [g.max_tokens for g in regenerated.generations if g.max_tokens is not None]
+    asked = dataclasses.replace(sampling, max_tokens=min(capped)) if capped else sampling
     return {
         "id": record.id,
         "category": record.category,
@@ -51,7 +54,7 @@ def output_row(
             "cached_tokens": usage.cached_tokens,
         },
         "model": regenerated.model,
-        "sampling": sampling.to_json(),
+        "sampling": asked.to_json(),  # what the server was asked for
         "endpoint": endpoint,
         "latency_s": regenerated.latency_s,
         "ttft_s": regenerated.ttft_s,

@@ -394,11 +394,6 @@ async def test_non_streaming_body_and_no_tools_key() -> None:
             "The input (2410 tokens) is longer than the model's context length (1024 tokens).",
         ),
         (
-            SGLANG,
-            "chat_prompt_plus_max_tokens_over_ctx",
-            SGLANG_OVER_CONTEXT,
-        ),
-        (
             VLLM,
             "chat_too_long",
             VLLM_TOO_LONG,
@@ -413,6 +408,31 @@ async def test_prompt_too_long_is_permanent_and_never_retried(engine: str, name:
     assert type(error) is PermanentRequestError
     assert (error.status, error.reason, error.attempts) == (400, reason, 1)
     assert len(server.requests) == 1
+
+
+async def test_a_prompt_that_fits_with_a_shorter_answer_is_asked_so() -> None:
+    """SGLang refuses prompt + max_tokens over the context (850 + 600 > 1024): every prompt within
+    max_tokens of the context was a reject, though 174 tokens of answer fitted beside it."""
+    server = FakeServer(
+        captured(SGLANG, "chat_prompt_plus_max_tokens_over_ctx"), captured(SGLANG, "chat_stream")
+    )
+
+    generation = await generate(server, sampling=SamplingParams(max_tokens=600))
+
+    assert [body["max_tokens"] for body in server.bodies()] == [600, 1024 - 850]
+    assert generation.max_tokens == 174 and generation.usage.completion_tokens == 16
+
+
+async def test_no_room_for_an_answer_stays_a_reject() -> None:
+    too_full = SGLANG_OVER_CONTEXT.replace("850 tokens from", "1000 tokens from")  # 24 tokens left
+    server = FakeServer(json_reply(400, {"object": "error", "message": too_full, "code": 400}))
+
+    error = await failure(server)
+
+    assert type(error) is PermanentRequestError and len(server.requests) == 1
+    asked_less = FakeServer(captured(SGLANG, "chat_prompt_plus_max_tokens_over_ctx"))
+    assert type(await failure(asked_less)) is PermanentRequestError  # never more than the config's 64
+    assert len(asked_less.requests) == 1
 
 
 @pytest.mark.parametrize("engine", [SGLANG, VLLM])

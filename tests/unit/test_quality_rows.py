@@ -150,3 +150,26 @@ def test_the_row_records_the_system_prompt_that_was_sent(
     messages: list[dict[str, Any]], expected: str
 ) -> None:
     assert sent_system_prompt(messages) == expected
+
+
+def test_a_row_asked_with_the_room_left_beside_its_prompt_says_so() -> None:
+    record = PromptRecord(
+        id="r", category="c", source=SourceRef("d", "t", 0), messages=[{"role": "user", "content": "q"}]
+    )
+    generation = Generation(
+        message={"role": "assistant", "content": "a", "reasoning_content": None, "tool_calls": None},
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=850, completion_tokens=40),
+        model="m",
+        latency_s=1.0,
+        ttft_s=None,
+        attempts=1,
+        max_tokens=174,
+    )
+    row = output_row(
+        record,
+        Regenerated([*record.messages, generation.message], [generation]),
+        SamplingParams(max_tokens=600),
+        "e",
+    )
+    assert json.loads(row["sampling"])["max_tokens"] == 174 and row["flags"] == []
