@@ -102,5 +102,18 @@ async def ensure_zombie_automation() -> bool:
     return True
 
 
-def _definition(automation: Automation) -> dict[str, object]:
-    return automation.model_dump(mode="json", include={"description", "trigger", "actions"})
+def _definition(automation: Automation) -> object:
+    """What the automation does, comparable across processes: the trigger's sets (``after``,
+    ``expect``, ``for_each``) dump as lists in set order, which differs with the insertion order and
+    the hash seed, so an automation up to date read as changed, now and then (seen in CI)."""
+    return _canonical(automation.model_dump(mode="json", include={"description", "trigger", "actions"}))
+
+
+def _canonical(value: object) -> object:
+    """``value`` with every list of strings sorted (a set, as JSON), dicts and other lists kept."""
+    if isinstance(value, dict):
+        return {key: _canonical(item) for key, item in value.items()}
+    if isinstance(value, list):
+        items = [_canonical(item) for item in value]
+        return sorted(str(item) for item in items) if all(isinstance(item, str) for item in items) else items
+    return value
