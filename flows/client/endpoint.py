@@ -224,6 +224,7 @@ class EndpointClient:
             shorter = dataclasses.replace(sampling, max_tokens=room)
             generation = await self._generate(model, messages, tools, shorter)
             generation.max_tokens = room
+            generation.attempts += refused.attempts  # the row counts the refused request too
             return generation
 
     async def _generate(

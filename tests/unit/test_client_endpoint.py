@@ -421,6 +421,7 @@ async def test_a_prompt_that_fits_with_a_shorter_answer_is_asked_so() -> None:
 
     assert [body["max_tokens"] for body in server.bodies()] == [600, 1024 - 850]
     assert generation.max_tokens == 174 and generation.usage.completion_tokens == 16
+    assert generation.attempts == 2  # the refused request and the one answered
 
 
 async def test_no_room_for_an_answer_stays_a_reject() -> None:
