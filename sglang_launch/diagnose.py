@@ -528,7 +528,7 @@ def _failure(
     warnings = [
         f.message for f in findings if f.severity == "warning" or f.kind in ("process", "unattributed")
     ]
-    if warnings and failure.kind in ("kv_memory", "cuda_oom", "cuda_graph", "gpu_unbalanced"):
+    if warnings and failure.kind in ("kv_memory", "cuda_oom", "weights_oom", "cuda_graph", "gpu_unbalanced"):
         advice.append("First free the GPUs: " + "; ".join(w.rstrip(".") for w in warnings) + ".")
     if failure.kind == "kv_memory":
         advice.extend(_kv_failure_advice(log, memory, t))

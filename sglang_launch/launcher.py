@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, secret_values, shown_env
-from sglang_launch.logparse import ServerLog, StartupFailure, parse_log
+from sglang_launch.logparse import StartupFailure, parse_log
 from sglang_launch.ports import free_port
 from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
 from sglang_launch.server_config import ServerConfig
@@ -354,24 +354,7 @@ def _attempt(
     process.stop(cfg.stop_grace_s)
     log = parse_log(log_path.read_text(errors="replace"))
     in_effect = fraction if fraction is not None else log.args.mem_fraction_static
-    failure = _weights_oom(log) or log.failure
-    return LaunchAttempt(number, in_effect, outcome, time.monotonic() - began, log_path, failure), None
-
-
-def _weights_oom(log: ServerLog) -> StartupFailure | None:
-    """A CUDA OOM while a rank loaded its weights (begun, never ended): before any KV cache, so no
-    ``--mem-fraction-static`` helps, and each rung of the ladder reloaded the weights for nothing
-    (minutes each, for a large model)."""
-    loading = any(r.avail_before_load_gib is not None and r.avail_after_load_gib is None for r in log.startup)
-    if log.failure is None or log.failure.kind != "cuda_oom" or not loading:
-        return None
-    return StartupFailure(
-        "weights_oom",
-        log.failure.line,
-        "CUDA out of memory while loading the weights, before any KV cache: no --mem-fraction-static "
-        "helps. The weights do not fit the memory free on these GPUs: free it (`datagen preflight` "
-        "names what holds it), or use more GPUs (--tp), an fp8 checkpoint or a smaller model.",
-    )
+    return LaunchAttempt(number, in_effect, outcome, time.monotonic() - began, log_path, log.failure), None
 
 
 def _climb(

@@ -283,9 +283,25 @@ def parse_log(text: str) -> ServerLog:
         retractions=tuple(retractions),
         startup=tuple(sorted(ranks, key=lambda r: -1 if r.tp_rank is None else r.tp_rank)),
         args=args,
-        failure=classify_startup_failure(_last_start(text)),
+        failure=_weights_oom(classify_startup_failure(_last_start(text)), ranks),
         ready=ready,
         http_statuses=dict(sorted(statuses.items())),
+    )
+
+
+def _weights_oom(failure: StartupFailure | None, ranks: list[RankStartup]) -> StartupFailure | None:
+    """A CUDA OOM while a rank loaded its weights (begun, never ended) is ``weights_oom``: before any
+    KV cache, so no ``--mem-fraction-static`` helps; the launch ladder reloaded the weights at each
+    rung for nothing, and diagnose advised a lower fraction."""
+    loading = any(r.avail_before_load_gib is not None and r.avail_after_load_gib is None for r in ranks)
+    if failure is None or failure.kind != "cuda_oom" or not loading:
+        return failure
+    return StartupFailure(
+        "weights_oom",
+        failure.line,
+        "CUDA out of memory while loading the weights, before any KV cache: no --mem-fraction-static "
+        "helps. The weights do not fit the memory free on these GPUs: free it (`datagen preflight` "
+        "names what holds it), or use more GPUs (--tp), an fp8 checkpoint or a smaller model.",
     )
 
 

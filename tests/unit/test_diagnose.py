@@ -363,3 +363,15 @@ def test_a_failure_of_an_earlier_start_is_not_the_server_of_now() -> None:
     assert diagnose(parse_log(old + now)).verdict == "kv_bound"
     assert diagnose(parse_log(old + now), last_minutes=30).verdict == "kv_bound"
     assert diagnose(parse_log(now + old)).verdict == "failure"  # the last start failed: that is now
+
+
+def test_an_oom_while_the_weights_load_is_not_told_to_lower_the_fraction() -> None:
+    """The launch ladder knew it; `datagen diagnose` of the same log advised a lower fraction."""
+    log = (
+        "[2026-11-29 10:00:00] server_args=ServerArgs(mem_fraction_static=0.88)\n"
+        "[2026-11-29 10:00:05 TP0] Load weight begin. avail mem=79.00 GB\n"
+        "[2026-11-29 10:00:40 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    )
+    result = diagnose(parse_log(log))
+    assert result.verdict == "failure" and "(weights_oom)" in result.headline
+    assert "no --mem-fraction-static helps" in " ".join(result.advice)
