@@ -89,13 +89,13 @@ def category_status(store: RunStore, name: str, limit: int | None = None) -> Cat
                 status.rows_by_part[part] += 1
             flags = row["flags"] or []
             status.flagged += bool(flags)
-            if not flags and row["id"] not in training:
+            if not flags:
                 training.add(row["id"])
-                status.training_rows += 1
             status.truncated += TRUNCATED in flags
             usage = row["usage"] or {}
             status.completion_tokens += usage.get("completion_tokens") or 0
             status.prompt_tokens += usage.get("prompt_tokens") or 0
+    status.training_rows = len(training)
     standing = state.effective_reject_ids
     latest: dict[str, tuple[dict[str, Any], str | None]] = {}
     columns = ["id", "stage", "reason", "retryable"]

@@ -86,15 +86,12 @@ def split_turns(messages: Sequence[Message]) -> list[Turn]:
     prompt: list[Message] | None = []
     for message in messages:
         role = message.get("role")
-        if prompt is not None and role == "assistant":
+        if role == "assistant":
             if turns:
                 turns[-1].replies.append(Reply(message))
             continue
         if prompt is None:
             replies = turns[-1].replies
-            if role == "assistant":
-                replies.append(Reply(message))
-                continue
             if role == "tool" and replies:
                 replies[-1].results.append(message)
                 continue
