@@ -194,16 +194,22 @@ def test_sharegpt_missing_conversations_is_rejected() -> None:
         convert_sharegpt({"id": "x", "text": "hello"})
 
 
+OSLO_CALL = [
+    {"from": "human", "value": "Weather in Oslo?"},
+    {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
+    {"from": "observation", "value": '{"temp_c": 3}'},
+    {"from": "gpt", "value": "It is 3 °C in Oslo."},
+]
+"""A one-question ShareGPT tool conversation: the call, its recorded result, the recorded answer."""
+
+
 def test_sharegpt_function_call_and_observation_become_a_linked_tool_exchange() -> None:
     row = {
         "id": "fc1",
         "system": "You can call tools.",
         "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}]),
         "conversations": [
-            {"from": "human", "value": "Weather in Oslo?"},
-            {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
-            {"from": "observation", "value": '{"temp_c": 3}'},
-            {"from": "gpt", "value": "It is 3 °C in Oslo."},
+            *OSLO_CALL,
             {"from": "human", "value": "And tomorrow?"},
             {"from": "gpt", "value": "Colder."},
         ],
@@ -235,15 +241,7 @@ def test_sharegpt_function_call_and_observation_become_a_linked_tool_exchange() 
 def test_a_tool_exchange_after_the_last_user_turn_is_kept_for_tool_replay() -> None:
     """The usual tool conversation is one question; dropped with the old answers, tool_replay had no
     recorded call to follow. A tail without calls is still dropped (the old answers)."""
-    calling = {
-        "conversations": [
-            {"from": "human", "value": "Weather in Oslo?"},
-            {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
-            {"from": "observation", "value": '{"temp_c": 3}'},
-            {"from": "gpt", "value": "It is 3 °C in Oslo."},
-        ],
-    }
-    messages = convert_sharegpt(calling).messages
+    messages = convert_sharegpt({"conversations": OSLO_CALL}).messages
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
     plain = {"messages": [user("q"), assistant("old answer"), assistant("more")]}

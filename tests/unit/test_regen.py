@@ -385,9 +385,7 @@ async def test_all_turns_never_sends_or_stores_a_recorded_answer_after_a_mid_con
         Turn([Q1], [Reply(old1), Reply(old2)]),
         Turn([note, Q2]),
     ]
-    record = PromptRecord(
-        id="r", category="c", source=SourceRef("d", "t", 0), messages=[Q1, old1, note, old2, Q2]
-    )
+    record = _record([Q1, old1, note, old2, Q2])
     client = ScriptedGenerator(_gen("a1"), _gen("a2"))
     result = await regenerate(record, client, SAMPLING, "all_turns")
     assert client.sent[1] == [Q1, _answer("a1"), note, Q2]
@@ -401,13 +399,7 @@ async def test_a_recorded_glaive_greeting_is_neither_sent_nor_stored() -> None:
         "ASSISTANT: 4 <|endoftext|>",
     }
     converted = convert_glaive(row)
-    record = PromptRecord(
-        id="g",
-        category="c",
-        source=SourceRef("d", "t", 0),
-        messages=converted.messages,
-        tools=converted.tools,
-    )
+    record = _record(converted.messages, converted.tools)
     result = await regenerate(record, ScriptedGenerator(_gen("four")), SAMPLING, "first_turn")
     assert converted.messages[0] == {"role": "assistant", "content": "Hello! How can I help you today?"}
     assert result.messages == [{"role": "user", "content": "What is 2+2?"}, _answer("four")]
@@ -447,13 +439,7 @@ async def test_tool_replay_replays_a_one_question_tool_conversation_of_the_chat_
                 "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
             }
         )
-    record = PromptRecord(
-        id="t",
-        category="c",
-        source=SourceRef("d", "t", 0),
-        messages=converted.messages,
-        tools=converted.tools,
-    )
+    record = _record(converted.messages, converted.tools)
     call = _call("get_weather", "new_0", '{"city": "Oslo"}')
     client = ScriptedGenerator(_gen(None, [call]), _gen("3 C."))
     result = await regenerate(record, client, SAMPLING, "tool_replay")
