@@ -54,6 +54,9 @@ class StreamCounts:
     duplicates_across: Counter[str] = field(default_factory=Counter)
     taken: int = 0
     already_done: int = 0
+    passed_by_limit: int = 0
+    """Records left unclaimed on resume because those the category already holds fill its ``limit``:
+    a prompt it shares with another category, read here first this time and there first before."""
     other_parts: int = 0
     """Records that belong to other parts of a run split with ``--part`` (their conversion rejects
     are in ``rejected`` already: counted here too, the "to ask" step subtracted them twice)."""
@@ -74,7 +77,10 @@ class StreamCounts:
             ("converted", after_convert),
             ("after quota", after_quota),
             ("after dedup", after_dedup),
-            ("to ask (not done yet)", after_dedup - self.already_done - self.other_parts),
+            (
+                "to ask (not done yet)",
+                after_dedup - self.already_done - self.other_parts - self.passed_by_limit,
+            ),
         ]
 
 
@@ -193,6 +199,11 @@ def category_items(
     With ``part``, only the items whose id is the part's are handed out, but every part walks the
     whole stream: dedup claims and the ``limit`` count every part's records, so each part takes
     exactly its share of what one unsplit run would take, with no word from the others.
+
+    The ``limit`` counts the records already held first: categories stream side by side, so which
+    one claims a prompt two of them hold is whichever reads it first, and that may change from one
+    start to the next. Counted as met in source order, a prompt claimed elsewhere before (and not
+    answered there) became one more record ahead of those already held: ``limit`` + 1 rows.
     """
     mine = part.owns if part is not None else (lambda _: True)
     stream = CategoryStream(category)
@@ -204,6 +215,7 @@ def category_items(
         opened = rows_again() if rows_again is not None else source_rows(category)
     index_ = dedup if dedup is not None else DedupIndex()
     seen_ids: set[str] = set()
+    room = None if category.limit is None else category.limit - state.records_done
     for index, row in opened:
         if category.limit is not None and counts.taken >= category.limit:
             counts.exhausted = True
@@ -244,6 +256,9 @@ def category_items(
             else:
                 counts.other_parts += 1
             continue
+        if room is not None and room <= 0:  # unclaimed, so the category that held it may take it
+            counts.passed_by_limit += 1
+            continue
         key = dedup_key(item, category)
         owner = index_.claim(key, category.name)
         if owner is not None:
@@ -252,6 +267,8 @@ def category_items(
                 counts.duplicates_across[owner] += 1
             continue
         counts.taken += 1
+        if room is not None:
+            room -= 1
         if not mine(item.id):
             counts.other_parts += 1
             continue

@@ -248,11 +248,21 @@ class CategoryState:
     retryable_reject_ids: set[str] = field(default_factory=set)
     prompt_hashes: set[str] = field(default_factory=set)
     """Dedup keys of the prompts this category already holds (rows and final rejects)."""
+    source_reject_ids: set[str] = field(default_factory=set)
+    """The final rejects that are source rows no format could read (stage ``convert``): done, but
+    never a record, so not among what the category's ``limit`` counts."""
 
     @property
     def done_ids(self) -> set[str]:
         """Ids not to ask again: rows and rejects that retrying cannot change."""
         return self.row_ids | self.final_reject_ids
+
+    @property
+    def records_done(self) -> int:
+        """Records the category holds for good: a resume counts them toward its ``limit`` before it
+        takes any prompt, since which category takes a prompt two of them hold may change from one
+        start to the next (see ``flows/run/prompt_stream.py``)."""
+        return len(self.done_ids - self.source_reject_ids)
 
     @property
     def effective_reject_ids(self) -> set[str]:
@@ -457,9 +467,10 @@ class RunStore:
         for _, table in self.shard_tables(self.data_dir(category), ["id", "prompt_hash"]):
             state.row_ids.update(table.column("id").to_pylist())
             state.prompt_hashes.update(h for h in table.column("prompt_hash").to_pylist() if h)
-        for _, table in self.shard_tables(self.rejects_dir(category), ["id", "retryable", "prompt_hash"]):
-            for rid, retryable, key in zip(
-                *(table.column(name).to_pylist() for name in ("id", "retryable", "prompt_hash")), strict=True
+        columns = ["id", "retryable", "prompt_hash", "stage"]
+        for _, table in self.shard_tables(self.rejects_dir(category), columns):
+            for rid, retryable, key, stage in zip(
+                *(table.column(name).to_pylist() for name in columns), strict=True
             ):
                 if retryable:
                     state.retryable_reject_ids.add(rid)
@@ -467,6 +478,8 @@ class RunStore:
                     state.final_reject_ids.add(rid)
                     if key:
                         state.prompt_hashes.add(key)
+                    if stage == "convert":
+                        state.source_reject_ids.add(rid)
         return state
 
     def categories_on_disk(self) -> list[str]:

@@ -294,3 +294,39 @@ def test_a_row_with_a_lone_surrogate_is_one_reject_and_its_category_goes_on(
     writer = store.reject_writer("chat", flush_rows=10, flush_seconds=60)
     writer.write([reject])
     assert store.category_state("chat").final_reject_ids == {reject["id"]}
+
+
+def test_a_resume_keeps_a_limited_category_to_its_limit_when_a_shared_prompt_changes_hands() -> None:
+    """Categories stream side by side, each in its own thread (``Pipeline.run_category``), so which one
+    claims a prompt they share is a race. Here 'general' claimed it in the first start and was killed
+    before answering; 'chat' (limit 3) skipped it and answered three others. On resume nothing on disk
+    says 'general' had it, and 'chat' met it first: a fourth row in a category of limit 3."""
+    shared = [{"role": "user", "content": "the question both sets hold"}]
+    chat = CATEGORY.model_copy(update={"limit": 3})
+    chat_rows = [(i, {"id": f"c{i}", "messages": row["messages"]}) for i, row in _rows(4)]
+    chat_rows.insert(1, (9, {"id": "c-shared", "messages": shared}))
+    general = CategoryConfig(name="general", source="unused.jsonl", format="messages")
+    general_rows = [(0, {"id": "g-shared", "messages": shared})]
+
+    first = DedupIndex()
+    assert _ids(
+        list(category_items(general, CategoryState(), StreamCounts(), rows=general_rows, dedup=first))
+    )
+    answered = [i for i in category_items(chat, CategoryState(), StreamCounts(), rows=chat_rows, dedup=first)]
+    assert _ids(answered) == ["c0", "c1", "c2"]  # all answered; general's request died with the process
+
+    held = CategoryState(
+        row_ids=set(_ids(answered)), prompt_hashes={i.prompt_hash for i in answered if isinstance(i, Ask)}
+    )
+    resumed = DedupIndex()
+    for key in held.prompt_hashes:  # what Categories.load_states claims
+        resumed.claim(key, chat.name)
+    counts = StreamCounts()
+    chat_again = _ids(list(category_items(chat, held, counts, rows=chat_rows, dedup=resumed)))
+    general_again = _ids(
+        list(category_items(general, CategoryState(), StreamCounts(), rows=general_rows, dedup=resumed))
+    )
+
+    assert len(held.row_ids) + len(chat_again) == 3
+    assert (chat_again, general_again) == ([], ["g-shared"])  # the shared prompt is asked once, in general
+    assert (counts.already_done, counts.exhausted) == (3, True)

@@ -60,12 +60,12 @@ def _row(rid: str, flags: list[str] | None = None) -> dict:
     }
 
 
-def _reject(rid: str, retryable: bool) -> dict:
+def _reject(rid: str, retryable: bool, stage: str = "request") -> dict:
     return reject_row(
         record_id=rid,
         category="c",
         source={"dataset": "d", "split": "train", "row": 0},
-        stage="request",
+        stage=stage,
         reason="boom",
         retryable=retryable,
     )
@@ -132,6 +132,18 @@ def test_done_set_reads_rows_and_final_rejects_but_retries_transient_ones(tmp_pa
     state = store.category_state("c")
     assert state.done_ids == {"a", "bad", "later-ok"}
     assert state.effective_reject_ids == {"bad", "flaky"}
+
+
+def test_records_done_counts_rows_and_refused_prompts_not_unreadable_source_rows(tmp_path: Path) -> None:
+    """What a resume counts toward a category's limit: a source row no format could read was never
+    one of its prompts (counted, a limit of 3 with two such rows on disk left one prompt asked)."""
+    store = RunStore(tmp_path / "run")
+    _flushed(store.row_writer("c", flush_rows=1, flush_seconds=60), _row("a"))
+    rejects = store.reject_writer("c", flush_rows=10, flush_seconds=60)
+    _flushed(rejects, _reject("bad", retryable=False), _reject("raw-1", retryable=False, stage="convert"))
+    state = store.category_state("c")
+    assert state.done_ids == {"a", "bad", "raw-1"}
+    assert state.records_done == 2
 
 
 def test_leftover_temporary_files_are_removed_and_never_read(tmp_path: Path) -> None:
