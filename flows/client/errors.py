@@ -6,11 +6,13 @@ whole data set, and giving up on a full server queue loses prompts that would ha
 second later. So every failure becomes exactly one of:
 
 - ``TransientRequestError``: try again (connection trouble, timeouts, 5xx incl. SGLang's
-  "The request queue is full.", 429, cut streams, in-stream error events);
+  "The request queue is full.", 429, cut streams, in-stream error events), except 501;
 - ``PermanentRequestError``: this prompt can never succeed, reject it (400/413/422);
 - ``FatalEndpointError``: the endpoint is misconfigured, stop the run and keep the prompts
-  (401/403 bad key, 404 no such model or route, and other 4xx, and a server certificate that does
-  not verify: no retry makes an untrusted certificate trusted).
+  (401/403 bad key, 404 no such model or route, and other 4xx; 501, what vLLM answers for a
+  feature it does not implement (``NotImplementedError``), which the category's request options ask
+  of every prompt alike; and a server certificate that does not verify: no retry makes an untrusted
+  certificate trusted).
 
 ``reason`` is written to the rejects table and to logs: short, human, and never the API key.
 """
@@ -29,6 +31,8 @@ import openai
 PERMANENT_STATUSES = frozenset({400, 413, 422})
 # 4xx codes that say "not now" rather than "never" or "misconfigured".
 TRANSIENT_CLIENT_STATUSES = frozenset({408, 409, 425, 429})
+NOT_IMPLEMENTED = 501
+"""Not "not now": retried, every prompt of the category would be asked 18 times and then rejected."""
 MAX_REASON_CHARS = 1000
 MIN_ANSWER_ROOM = 64
 """Fewer tokens left for an answer than this beside a prompt, and asking with a smaller
@@ -69,7 +73,7 @@ class FatalEndpointError(RequestError):
 
 def error_for_status(status: int | None, reason: str) -> RequestError:
     """The error class an HTTP status calls for; no status (an event without a code) is transient."""
-    if status is None or status >= 500 or status in TRANSIENT_CLIENT_STATUSES:
+    if status is None or (status >= 500 and status != NOT_IMPLEMENTED) or status in TRANSIENT_CLIENT_STATUSES:
         return TransientRequestError(reason, status=status)
     if status in PERMANENT_STATUSES:
         return PermanentRequestError(reason, status=status)

@@ -45,6 +45,7 @@ def status_error(status: int, body: object) -> openai.APIStatusError:
         (409, TransientRequestError),
         (429, TransientRequestError),
         (500, TransientRequestError),
+        (501, FatalEndpointError),
         (502, TransientRequestError),
         (503, TransientRequestError),
         (504, TransientRequestError),
