@@ -14,7 +14,7 @@ from typing import Any
 
 from flows.run.quality import TRUNCATED
 from flows.store.parts import part_of_file
-from flows.store.run_store import RunStore
+from flows.store.run_store import CategoryState, RunStore
 
 
 @dataclass
@@ -74,17 +74,22 @@ class RunStatus:
 
 
 def category_status(store: RunStore, name: str, limit: int | None = None) -> CategoryStatus:
-    """A category's numbers from the union of every part's shards."""
+    """A category's numbers from the union of every part's shards, each folder listed and read once.
+
+    Which rejects still stand is decided by the row ids of the very shards counted as rows: read
+    apart (the store's done-set first, then the rows again), a shard that a live run wrote between
+    the two reads counted its rows while their ids still stood as rejects. The rows are read before
+    the rejects, so a reject is only ever newer than the rows it is weighed against.
+    """
     status = CategoryStatus(name=name, limit=limit)
-    state = store.category_state(name)
-    seen: set[str] = set()
+    state = CategoryState()
     training: set[str] = set()
     for path, table in store.shard_tables(store.data_dir(name), ["id", "flags", "usage"]):
         part = part_of_file(posixpath.basename(path))
         for row in table.to_pylist():
             status.rows += 1
-            status.repeated_rows += row["id"] in seen
-            seen.add(row["id"])
+            status.repeated_rows += row["id"] in state.row_ids
+            state.row_ids.add(row["id"])
             if part is not None:
                 status.rows_by_part[part] += 1
             flags = row["flags"] or []
@@ -96,18 +101,19 @@ def category_status(store: RunStore, name: str, limit: int | None = None) -> Cat
             status.completion_tokens += usage.get("completion_tokens") or 0
             status.prompt_tokens += usage.get("prompt_tokens") or 0
     status.training_rows = len(training)
-    standing = state.effective_reject_ids
     latest: dict[str, tuple[dict[str, Any], str | None]] = {}
     columns = ["id", "stage", "reason", "retryable"]
     for path, table in store.shard_tables(store.rejects_dir(name), columns):
         part = part_of_file(posixpath.basename(path))
         for reject in table.to_pylist():
-            if reject["id"] in standing:
-                latest[reject["id"]] = (reject, part)
-    status.rejects = len(latest)
-    status.retryable_rejects = sum(1 for r, _ in latest.values() if r["retryable"])
-    status.reject_reasons = Counter(f"{r['stage']}: {r['reason']}" for r, _ in latest.values())
-    status.rejects_by_part = Counter(part for _, part in latest.values() if part is not None)
+            state.add_reject(reject["id"], reject["retryable"])
+            latest[reject["id"]] = (reject, part)
+    still = state.effective_reject_ids
+    standing = [found for rid, found in latest.items() if rid in still]  # in the order read
+    status.rejects = len(standing)
+    status.retryable_rejects = sum(1 for r, _ in standing if r["retryable"])
+    status.reject_reasons = Counter(f"{r['stage']}: {r['reason']}" for r, _ in standing)
+    status.rejects_by_part = Counter(part for _, part in standing if part is not None)
     return status
 
 

@@ -257,6 +257,20 @@ class CategoryState:
         """Ids not to ask again: rows and rejects that retrying cannot change."""
         return self.row_ids | self.final_reject_ids
 
+    def add_reject(
+        self, record_id: str, retryable: bool, prompt_hash: str | None = None, stage: str | None = None
+    ) -> None:
+        """One reject read from a shard: a final one also holds its prompt's dedup key, and one of a
+        source row no format could read (stage ``convert``) is not a record."""
+        if retryable:
+            self.retryable_reject_ids.add(record_id)
+            return
+        self.final_reject_ids.add(record_id)
+        if prompt_hash:
+            self.prompt_hashes.add(prompt_hash)
+        if stage == "convert":
+            self.source_reject_ids.add(record_id)
+
     @property
     def records_done(self) -> int:
         """Records the category holds for good: a resume counts them toward its ``limit`` before it
@@ -472,14 +486,7 @@ class RunStore:
             for rid, retryable, key, stage in zip(
                 *(table.column(name).to_pylist() for name in columns), strict=True
             ):
-                if retryable:
-                    state.retryable_reject_ids.add(rid)
-                else:
-                    state.final_reject_ids.add(rid)
-                    if key:
-                        state.prompt_hashes.add(key)
-                    if stage == "convert":
-                        state.source_reject_ids.add(rid)
+                state.add_reject(rid, retryable, key, stage)
         return state
 
     def categories_on_disk(self) -> list[str]:

@@ -3,10 +3,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_store import _row
 from typer.testing import CliRunner
 
 from flows.cli.main import app
+from flows.report.status import run_status
 from flows.run.rows import reject_row
 from flows.store.parts import Part
 from flows.store.run_store import RunStore
@@ -98,3 +100,39 @@ def test_status_of_a_url_reads_it_and_report_asks_for_a_local_run(tmp_path: Path
         assert refused.exit_code == 2 and "a run at a URL gets its report" in refused.output
     finally:
         store.fs.rm(store.root, recursive=True)
+
+
+def test_status_of_a_live_run_reads_each_folder_once_so_a_shard_written_meanwhile_is_never_half_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run writes shards while `datagen status` reads: right after the rows are listed, the
+    run answers "y" (a standing retryable reject) and rejects "z". The status is of one moment: "y"
+    is a row or a reject, never both, and no finished row or reject is left out."""
+    run_dir = _run_dir(tmp_path)
+    live = RunStore(run_dir)
+    listed = RunStore.shard_files
+    written: list[str] = []
+
+    def list_then_write(store: RunStore, folder: str) -> list[str]:
+        files = listed(store, folder)
+        if folder == live.data_dir("c") and not written:
+            rows = live.row_writer("c", flush_rows=10, flush_seconds=60)
+            rows.add(_row("y"))
+            written.append(str(rows.flush()))
+            rejects = live.reject_writer("c", flush_rows=10, flush_seconds=60)
+            source = {"dataset": "d", "split": "train", "row": 0}
+            rejects.add(
+                reject_row(record_id="z", category="c", source=source, stage="validate", reason="empty")
+            )
+            written.append(str(rejects.flush()))
+        return files
+
+    monkeypatch.setattr(RunStore, "shard_files", list_then_write)
+    (during,) = run_status(run_dir).categories
+    assert written, "the hook wrote between the status's reads"
+    # rows a, b, later and the rejects x, y, z; or the rows with y and the rejects x, z
+    assert (during.rows, during.rejects) in {(3, 3), (4, 2)}, (during.rows, during.rejects)
+    assert sum(during.reject_reasons.values()) == during.rejects
+    (after,) = run_status(run_dir).categories
+    assert (after.rows, after.rejects, after.training_rows) == (4, 2, 3)
+    assert after.reject_reasons == {"request: too long": 1, "validate: empty": 1}
