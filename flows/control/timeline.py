@@ -150,10 +150,25 @@ def count_decisions(run_dir: Path) -> int:
     return sum(pq.ParquetFile(path).metadata.num_rows for path in timeline_files(run_dir))
 
 
+def start_of(path: Path) -> str:
+    """The start of the run a timeline file belongs to: the stamp its name carries
+    (``part-<start>-<segment>``, or ``part-<start>`` from an earlier release)."""
+    return path.stem.split("-")[1]
+
+
 def iter_timeline(run_dir: Path, columns: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """The run's decision rows in order, one file in memory at a time; only ``columns`` if given."""
+    """The run's decision rows in order, one file in memory at a time; only ``columns`` if given.
+
+    Each row also has ``start``: the start of the run that decided it, from its file's name (no file
+    holds it as a column). A decision's ``at`` counts from its own start, so nothing in the rows
+    else tells two starts apart: a second start whose first decision came later than the first's
+    last looked like the same start going on.
+    """
     for path in timeline_files(run_dir):
-        yield from pq.read_table(path, columns=columns).to_pylist()
+        start = start_of(path)
+        for row in pq.read_table(path, columns=columns).to_pylist():
+            row["start"] = start
+            yield row
 
 
 def read_timeline(run_dir: Path) -> list[dict[str, Any]]:

@@ -70,33 +70,45 @@ def controller_series(rows: Iterable[dict[str, Any]], bin_rows: int = 1) -> dict
     """Per endpoint, the points to draw: time on one axis across the starts of a resumed run, each
     point a bin of ``bin_rows`` of the endpoint's decisions.
 
-    A decision's time counts from its own controller's start, so the endpoints' rows of one start
-    interleave with times a little apart; a start of the run is an endpoint's time going back (an
-    endpoint first seen joins the start the run is in), and it follows the longest time of the
-    start before it.
+    A row's ``start`` names the start of the run it belongs to (``iter_timeline``). A decision's time
+    counts from its own controller's start, so a start follows the longest time of the start before
+    it. Where a start ends, each endpoint's last bin is drawn and its lines break (a point of NaN at
+    the start's end), so two starts are never averaged into one point nor joined as one run.
     """
-    longest: list[float] = [0.0]  # per start of the run
-    start_of: dict[str, int] = {}
-    last_at: dict[str, float] = {}
+    offset = 0.0  # where the current start begins on the run's axis
+    longest = 0.0  # the current start's latest decision, from its own beginning
+    start: str | None = None
     bins: dict[str, _Bin] = {}
     series: dict[str, dict[str, list[float]]] = {}
     for row in rows:
+        if row["start"] != start:
+            if start is not None:
+                offset += longest
+                _drain_all(bins, series)
+                for points in series.values():
+                    _break(points, offset)
+            start, longest = row["start"], 0.0
         endpoint, at = row["endpoint"], row["at"]
-        if endpoint not in start_of:  # first seen: in the start the run is in now
-            start = len(longest) - 1
-        else:
-            start = start_of[endpoint] + (at < last_at[endpoint])
-        start_of[endpoint], last_at[endpoint] = start, at
-        longest.extend([0.0] * (start + 1 - len(longest)))
-        longest[start] = max(longest[start], at)
+        longest = max(longest, at)
         current = bins.setdefault(endpoint, _Bin())
-        current.add(sum(longest[:start]) + at, row)
+        current.add(offset + at, row)
         if current.count >= bin_rows:
             current.drain(series.setdefault(endpoint, _empty_series()))
+    _drain_all(bins, series)
+    return series
+
+
+def _drain_all(bins: dict[str, _Bin], series: dict[str, dict[str, list[float]]]) -> None:
+    """Every endpoint's unfinished bin as a point (at a start's end, or the run's)."""
     for endpoint, current in bins.items():
         if current.count:
             current.drain(series.setdefault(endpoint, _empty_series()))
-    return series
+
+
+def _break(points: dict[str, list[float]], at: float) -> None:
+    """A point of no values at ``at``: matplotlib ends the lines there (a limit's step holds to it)."""
+    for key, values in points.items():
+        values.append(at if key == "t" else math.nan)
 
 
 def _empty_series() -> dict[str, list[float]]:

@@ -19,12 +19,13 @@ from flows.control.timeline import (
     DecisionTally,
     Timeline,
     count_decisions,
+    iter_timeline,
     observation_from_row,
     read_timeline,
     timeline_files,
 )
 from flows.control.wiring import law_settings
-from flows.report.plots import controller_series, plot_controller
+from flows.report.plots import CONTROLLER_COLUMNS, controller_series, plot_controller
 
 RECORDED = (
     Path(__file__).resolve().parents[1] / "fixtures" / "timelines" / "sglang_0.5.23_outlook_300.parquet"
@@ -124,20 +125,29 @@ def _row(at: float, limit: int, queued: int | None, kv: float | None, endpoint: 
     }
 
 
+def _in_start(start: str, rows: list[dict]) -> list[dict]:
+    """The rows as ``iter_timeline`` gives them: each with the start of the run it came from."""
+    return [{**row, "start": start} for row in rows]
+
+
 def test_the_plot_draws_a_long_timeline_in_bins_with_mean_limits_and_peak_queues_and_usage() -> None:
-    rows = [
-        _row(1, 10, 0, 0.5),
-        _row(2, 20, 4, None),
-        _row(3, 30, None, 0.9),
-        _row(4, 40, 1, 0.2),
-        _row(5, 50, None, None),
-        _row(1, 60, 2, 0.4),  # the run was resumed: its times begin again
-        _row(2, 70, 0, 0.3, endpoint="b"),
-    ]
+    rows = _in_start(
+        "1",
+        [
+            _row(1, 10, 0, 0.5),
+            _row(2, 20, 4, None),
+            _row(3, 30, None, 0.9),
+            _row(4, 40, 1, 0.2),
+            _row(5, 50, None, None),
+        ],
+    )
+    rows += _in_start("2", [_row(1, 60, 2, 0.4), _row(2, 70, 0, 0.3, endpoint="b")])  # resumed
     series = controller_series(rows, bin_rows=3)
     a = series["a"]
-    assert a["t"] == [1, 4] and a["limit"] == [20, 50] and a["in_flight"] == [19, 49]
-    assert a["queued"] == [4, 2] and a["kv"] == [0.9, 0.4]
+    assert a["t"] == [1, 4, 5, 6] and a["limit"][:2] == [20, 45] and a["in_flight"][:2] == [19, 44]
+    assert a["queued"][:2] == [4, 1] and a["kv"][:2] == [0.9, 0.2]  # the first start's last bin: 2 rows
+    assert all(math.isnan(a[key][2]) for key in ("limit", "in_flight", "queued", "kv"))  # its end
+    assert a["limit"][3] == 60
     assert series["b"]["t"] == [7] and series["b"]["limit"] == [70]  # 5 + 2 on the run's one axis
 
     unbinned = controller_series(rows[:5])
@@ -147,15 +157,37 @@ def test_the_plot_draws_a_long_timeline_in_bins_with_mean_limits_and_peak_queues
 
 def test_endpoints_whose_times_interleave_share_one_axis_across_a_restart() -> None:
     # each controller counts from its own start: b's times run 0.3 s behind a's, rows alternate
-    rows = [row for t in (1.0, 2.0, 3.0) for row in (_row(t, 10, 0, 0.5), _row(t - 0.3, 20, 0, 0.5, "b"))]
-    rows += [row for t in (0.5, 1.5) for row in (_row(t, 30, 0, 0.5), _row(t - 0.3, 40, 0, 0.5, "b"))]
-    series = controller_series(rows)
-    assert series["a"]["t"] == [1.0, 2.0, 3.0, 3.5, 4.5]  # the second start follows the first's 3.0
-    assert series["b"]["t"] == pytest.approx([0.7, 1.7, 2.7, 3.2, 4.2])
+    first = [row for t in (1.0, 2.0, 3.0) for row in (_row(t, 10, 0, 0.5), _row(t - 0.3, 20, 0, 0.5, "b"))]
+    second = [row for t in (0.5, 1.5) for row in (_row(t, 30, 0, 0.5), _row(t - 0.3, 40, 0, 0.5, "b"))]
+    series = controller_series(_in_start("1", first) + _in_start("2", second))
+    assert series["a"]["t"] == [1.0, 2.0, 3.0, 3.0, 3.5, 4.5]  # the second start follows the first's 3.0
+    assert series["b"]["t"] == pytest.approx([0.7, 1.7, 2.7, 3.0, 3.2, 4.2])
 
 
 def test_a_binned_plot_is_written_and_a_run_without_decisions_has_none(tmp_path: Path) -> None:
-    rows = [_row(float(t), 10 + t % 7, t % 3, 0.5) for t in range(1, 2000)]
+    rows = _in_start("1", [_row(float(t), 10 + t % 7, t % 3, 0.5) for t in range(1, 1000)])
+    rows += _in_start("2", [_row(float(t), 10 + t % 5, t % 3, 0.5) for t in range(1, 1000)])
     assert plot_controller(iter(rows), tmp_path / "c.png", bin_rows=100)
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert not plot_controller(iter([]), tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+
+
+def test_two_starts_are_told_apart_by_their_files_even_when_the_second_starts_later_than_the_first_ended(
+    tmp_path: Path,
+) -> None:
+    """A first start killed after two decisions (its last at 2 s), a second start polling every 5 s
+    (its first at 5 s, so time does not go back) and an endpoint only the second start knew: the
+    second start follows the first on the run's axis, no bin and no line spans the two."""
+    folder = tmp_path / TIMELINE_DIR
+    folder.mkdir()
+    first = [_row(1.0, 10, 0, 0.5), _row(2.0, 20, 1, 0.6)]
+    second = [_row(5.0, 30, 2, 0.7), _row(10.0, 40, 3, 0.8), _row(5.5, 50, 0, 0.1, endpoint="b")]
+    pq.write_table(pa.Table.from_pylist(first), folder / "part-20260101T000000000000Z-00000.parquet")
+    pq.write_table(pa.Table.from_pylist(second), folder / "part-20260101T010000000000Z-00000.parquet")
+
+    series = controller_series(iter_timeline(tmp_path, CONTROLLER_COLUMNS), bin_rows=3)
+    a, b = series["a"], series["b"]
+    assert a["t"] == [1.0, 2.0, 7.0]  # the first start's bin, its end, the second's bin from 2 + 5
+    assert a["limit"][0] == 15 and math.isnan(a["limit"][1]) and a["limit"][2] == 35  # the line breaks
+    assert a["queued"][::2] == [1, 3]
+    assert b["t"] == [7.5] and b["limit"] == [50]  # on the second start's axis, not the first's
