@@ -37,7 +37,7 @@ from prefect.states import Completed
 from pydantic import ValidationError
 
 from flows.config import RunConfig, load_config
-from flows.report.status import run_status
+from flows.report.status import RunStatus, run_status
 from flows.runner import execute
 from flows.store.parts import Part
 from flows.store.run_lock import RunLocked
@@ -85,13 +85,23 @@ def _renamed(config: RunConfig, name: str) -> RunConfig:
     return config.model_copy(update={"run": config.run.model_copy(update={"name": name})})
 
 
-def _settled(config: RunConfig) -> tuple[int, int]:
-    """Rows and rejects on disk before a firing (0, 0 for a run not started yet)."""
+def _written_by(status: RunStatus, part: Part | None) -> tuple[int, int]:
+    """Rows and standing rejects that a firing of ``part`` writes: its part's (the other parts of the
+    run write theirs meanwhile, on other machines), or the whole run's (a run without parts has no
+    other writer: the run lock)."""
+    if part is None:
+        return (status.rows, status.rejects)
+    own = status.by_part().get(str(part), {"rows": 0, "rejects": 0})
+    return (own["rows"], own["rejects"])
+
+
+def _settled(config: RunConfig, part: Part | None) -> tuple[int, int]:
+    """``_written_by`` on disk before a firing (0, 0 for a run not started yet)."""
     try:
         status = run_status(config.run_dir)
     except FileNotFoundError:  # no manifest yet
         return (0, 0)
-    return (status.rows, status.rejects)
+    return _written_by(status, part)
 
 
 async def fire(
@@ -111,18 +121,19 @@ async def fire(
     if fresh_run_names:
         config = _renamed(config, fresh_run_name(config.run.name, scheduled))
     name = config.run.name
-    before = _settled(config)
+    before = _settled(config, part)
     try:
         status = await execute(config, part=part)
     except RunLocked as error:
         line = f"skipped: run {name} is busy ({error})"
     else:
-        if (status.rows, status.rejects) == before:
+        after = _written_by(status, part)
+        if after == before:
             line = f"nothing left to do: run {name} has {status.rows} rows and {status.rejects} rejects"
         else:
             line = (
                 f"run {name} now has {status.rows} rows and {status.rejects} rejects "
-                f"(+{status.rows - before[0]} rows in this firing)"
+                f"(+{after[0] - before[0]} rows in this firing)"
             )
     say(line)
     return line

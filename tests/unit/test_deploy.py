@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from pipeline_support import write_config, write_prompts
+from test_store import _row
 from typer.testing import CliRunner
 
 from flows.cli.main import app
+from flows.config import RunConfig
+from flows.orchestration import deploy
 from flows.orchestration.deploy import Schedule, _deployment, fire, fresh_run_name
+from flows.report.status import RunStatus, run_status
 from flows.store.parts import Part
 from flows.store.run_lock import RunLock
+from flows.store.run_store import RunStore
 from sglang_launch.ports import free_port
 
 
@@ -91,3 +97,44 @@ async def test_a_part_deployment_fires_its_part_and_carries_it_as_a_parameter(tm
         "fresh_run_names": False,
         "part": "2/3",
     }
+
+
+async def test_a_part_firing_counts_its_own_rows_not_those_other_parts_wrote_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part 2/2 fires while part 1/2 runs on another machine into the same run: the firing's "+N" is
+    what part 2/2 wrote, and a firing of part 2/2 with nothing left says so while part 1/2 goes on."""
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 5)
+    config = write_config(
+        tmp_path / "c.toml", name="split", output_dir=tmp_path, url="http://127.0.0.1:9", source=source
+    )
+    run_dir = tmp_path / "split"
+    fired = iter([(["o1", "o2", "o3"], ["m1", "m2"]), (["o4"], [])])
+
+    def write(part: Part, ids: list[str]) -> None:
+        store = RunStore(run_dir, part)
+        store.open_run("fp", {"categories": [{"name": "chat"}]})
+        rows = store.row_writer("chat", flush_rows=10, flush_seconds=60)
+        for rid in ids:
+            rows.add({**_row(rid), "category": "chat"})
+        rows.flush()
+
+    async def execute(config: RunConfig, *, part: Part | None = None) -> RunStatus:
+        others, mine = next(fired)
+        write(Part(1, 2), others)  # part 1/2, meanwhile
+        assert part is not None
+        write(part, mine)
+        return run_status(config.run_dir)
+
+    monkeypatch.setattr(deploy, "execute", execute)
+    fire_part = functools.partial(
+        fire,
+        config,
+        fresh_run_names=False,
+        scheduled=datetime.now(UTC),
+        say=lambda line: None,
+        part=Part(2, 2),
+    )
+    assert await fire_part() == "run split now has 5 rows and 0 rejects (+2 rows in this firing)"
+    assert await fire_part() == "nothing left to do: run split has 6 rows and 0 rejects"
