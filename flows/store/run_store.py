@@ -459,13 +459,24 @@ class RunStore:
         no longer finds its ids, so it asks them again. Returns the folder it went to.
 
         A rejects shard keeps ``rejects-`` before its name: a category's rows and rejects shards are
-        numbered apart and may share a name, and the second moved would replace the first."""
+        numbered apart and may share a name, and the second moved would replace the first.
+
+        A shard already gone was moved aside by another reader of the run between this reader's
+        listing and its move (a part starting beside `datagen status` or an export, which found it
+        unreadable too): it is out of the data all the same, so this reader goes on, where the
+        move's ``FileNotFoundError`` stopped the status, the start or the export with a traceback."""
         folder = posixpath.dirname(path)
         target = self._path(QUARANTINE_DIR, posixpath.basename(folder))
         kind = posixpath.basename(posixpath.dirname(folder))
         name = posixpath.basename(path) if kind == DATA_DIR else f"{kind}-{posixpath.basename(path)}"
         self.fs.makedirs(target, exist_ok=True)
-        self.fs.mv(path, posixpath.join(target, name))
+        try:
+            self.fs.mv(path, posixpath.join(target, name))
+        except FileNotFoundError:
+            if self.fs.exists(path):
+                raise
+            log.info("shard %s was moved out of the data by another reader meanwhile", path)
+            return target
         log.warning("unreadable shard %s moved to %s: %s", path, target, error)
         return target
 

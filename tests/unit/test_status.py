@@ -136,3 +136,24 @@ def test_status_of_a_live_run_reads_each_folder_once_so_a_shard_written_meanwhil
     (after,) = run_status(run_dir).categories
     assert (after.rows, after.rejects, after.training_rows) == (4, 2, 3)
     assert after.reject_reasons == {"request: too long": 1, "validate: empty": 1}
+
+
+def test_status_goes_on_when_a_shard_it_listed_is_moved_aside_by_another_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part starting beside `datagen status` finds a shard unreadable and quarantines it after the
+    status listed it: the status counts what is still data, and says nothing moved twice."""
+    run_dir = _run_dir(tmp_path)
+    other_reader = RunStore(run_dir)
+    listed = RunStore.shard_files
+
+    def list_then_quarantine(store: RunStore, folder: str) -> list[str]:
+        files = listed(store, folder)
+        if folder == other_reader.data_dir("c"):
+            other_reader.quarantine(files[0], ValueError("a page's checksum"))
+        return files
+
+    monkeypatch.setattr(RunStore, "shard_files", list_then_quarantine)
+    (c,) = run_status(run_dir).categories
+    assert c.rows == 0 and c.rejects == 3  # x, and "later" and "y" no longer answered by a row
+    assert [p.parent.name for p in (run_dir / "quarantine").rglob("*.parquet")] == ["c"]
