@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sglang_launch.gpu import GpuSnapshot
-from sglang_launch.judgement import DEFAULT_THRESHOLDS, EXIT_FINDINGS, EXIT_OK, Thresholds, size
+from sglang_launch.judgement import DEFAULT_THRESHOLDS, EXIT_FINDINGS, EXIT_OK, Thresholds, gpu_list, size
 from sglang_launch.logparse import (
     DecodeBatch,
     PrefillBatch,
@@ -146,6 +146,7 @@ def diagnose(
     log: ServerLog,
     gpus: GpuSnapshot | None = None,
     *,
+    gpu_ids: Sequence[int] | None = None,
     concurrency: int | None = None,
     bytes_per_token: int | None = None,
     mem_fraction: float | None = None,
@@ -154,15 +155,18 @@ def diagnose(
 ) -> Diagnosis:
     """Say what bounds the server whose log is ``log``, with evidence and advice.
 
+    Only the server's GPUs in ``gpus`` are judged: ``gpu_ids`` (nvidia-smi's numbers) when given,
+    else the ones its ``server_args`` place it on, else all (and the evidence says which).
     ``concurrency`` is how many requests the client kept in flight (the log cannot know it);
     ``bytes_per_token``/``mem_fraction`` override what the log says; ``last_minutes`` judges only
     the end of a long log (a two-day run goes through phases; the recent one is what to fix).
     """
     if last_minutes is not None:
         log = recent(log, last_minutes)
+    gpus, judged = server_gpus(log, gpus, gpu_ids)
     memory = memory_context(log, gpus, bytes_per_token=bytes_per_token, mem_fraction=mem_fraction)
     findings = assess_gpus(gpus, server_expected=True, thresholds=thresholds) if gpus else ()
-    gpu_lines = _gpu_evidence(gpus, findings)
+    gpu_lines = _gpu_evidence(gpus, findings, judged)
     if log.failure is not None:
         return _failure(log, log.failure, memory, findings, gpu_lines, thresholds)
     load = summarize_load(log)
@@ -184,6 +188,35 @@ def diagnose(
     return Diagnosis(
         verdict, headline, _clean(evidence), advice, load, memory, headroom, findings, None, code
     )
+
+
+def server_gpus(
+    log: ServerLog, gpus: GpuSnapshot | None, given: Sequence[int] | None = None
+) -> tuple[GpuSnapshot | None, str]:
+    """``gpus`` cut to the server's own GPUs, and the evidence line saying which and how they are known.
+
+    A node runs other jobs: the GPU another job fills, or an idle one, says nothing about this
+    server's headroom or balance, and the lowest free memory over all GPUs gave wrong advice.
+    """
+    if gpus is None:
+        return None, ""
+    if given is not None:
+        ids, why = tuple(given), "given with --gpus"
+    elif (placed := log.args.gpu_ids()) is not None:
+        ids = placed
+        why = (
+            f"the server's: {log.args.placement()} in its server_args; pass --gpus if its "
+            "CUDA_VISIBLE_DEVICES renumbered them"
+        )
+    else:
+        return gpus, (
+            f"GPUs judged: all {len(gpus.gpus)} (the log does not say which the server uses: "
+            "pass --gpus to judge only its own)"
+        )
+    mine = gpus.only(ids)
+    if not mine.gpus:
+        return None, f"GPUs: the snapshot has none of the server's GPUs {gpu_list(ids)} ({why})"
+    return mine, f"GPUs judged: {gpu_list(sorted(g.index for g in mine.gpus))} ({why})"
 
 
 def memory_context(
@@ -674,16 +707,16 @@ def _memory_evidence(memory: MemoryContext) -> str:
     return f"mem_fraction_static {fraction}; KV bytes per token per GPU {bpt}"
 
 
-def _gpu_evidence(gpus: GpuSnapshot | None, findings: tuple[GpuFinding, ...]) -> tuple[str, ...]:
+def _gpu_evidence(gpus: GpuSnapshot | None, findings: tuple[GpuFinding, ...], judged: str) -> tuple[str, ...]:
     if gpus is None:
-        return ("GPUs: no snapshot (no NVML here and no --gpu-csv)",)
+        return (judged or "GPUs: no snapshot (no NVML here and no --gpu-csv)",)
     free = [g.free_bytes for g in gpus.gpus]
     total = [g.total_bytes for g in gpus.gpus]
     head = (
         f"GPUs ({gpus.source}): {len(gpus.gpus)} x {_span(gib(min(total)), gib(max(total)), '.1f')} GiB, "
         f"free {_span(gib(min(free)), gib(max(free)), '.1f')} GiB"
     )
-    return (head, *(f.message for f in findings))
+    return (judged, head, *(f.message for f in findings))
 
 
 def _startup_line(log: ServerLog) -> str:

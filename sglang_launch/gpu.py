@@ -9,7 +9,8 @@ GPU indices are NVML's, the same as ``nvidia-smi``'s; they ignore ``CUDA_VISIBLE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pynvml
@@ -50,6 +51,15 @@ class GpuSnapshot:
     has_process_info: bool = True
     unreadable: tuple[int, ...] = ()
     """GPUs whose memory could not be read (nvidia-smi's ``[N/A]``): left out of ``gpus``."""
+
+    def only(self, indices: Collection[int]) -> GpuSnapshot:
+        """The same moment, for the GPUs ``indices`` names only: a server is judged by its own GPUs,
+        not by another job's on the same node."""
+        return replace(
+            self,
+            gpus=tuple(g for g in self.gpus if g.index in indices),
+            unreadable=tuple(i for i in self.unreadable if i in indices),
+        )
 
 
 class GpuUnavailableError(RuntimeError):

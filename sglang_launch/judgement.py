@@ -3,6 +3,7 @@ codes, and how sizes are worded, so both commands judge and speak the same way. 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sglang_launch.memory_math import GIB, gib
@@ -33,3 +34,8 @@ DEFAULT_THRESHOLDS = Thresholds()
 def size(n_bytes: float) -> str:
     """Human size: MiB below 1 GiB (the seeds' "~200 MiB" margin), else GiB with one decimal."""
     return f"{n_bytes / (1 << 20):,.0f} MiB" if abs(n_bytes) < GIB else f"{gib(n_bytes):.1f} GiB"
+
+
+def gpu_list(indices: Sequence[int]) -> str:
+    """GPU indices as both commands print them: ``0,1,2,3``."""
+    return ",".join(str(i) for i in indices)

@@ -127,6 +127,41 @@ class ServerArgs:
     enable_hierarchical_cache: bool | None = None
     hicache_ratio: float | None = None
     hicache_size: int | None = None
+    pp_size: int | None = None
+    nnodes: int | None = None
+    enable_dp_attention: bool | None = None
+    base_gpu_id: int | None = None
+    gpu_id_step: int | None = None
+
+    def gpu_ids(self) -> tuple[int, ...] | None:
+        """The CUDA device ids the server's ranks ran on, as SGLang places them, or None when the
+        log cannot say (no ``server_args`` line, or several nodes: which ranks ran here is unknown).
+
+        SGLang gives rank (pp, tp) of a tensor-parallel group ``base_gpu_id + pp x tp_size + tp x
+        gpu_id_step``; data-parallel replicas (without DP attention, which shares the group's GPUs)
+        each take the next ``tp_size x pp_size x gpu_id_step`` ids. The ids count in the server's
+        ``CUDA_VISIBLE_DEVICES``, which a log does not show.
+        """
+        if self.tp_size is None or (self.nnodes or 1) > 1:
+            return None
+        tp, pp, step = self.tp_size, self.pp_size or 1, self.gpu_id_step or 1
+        replicas = 1 if self.enable_dp_attention else self.dp_size or 1
+        first = self.base_gpu_id or 0
+        return tuple(
+            first + replica * tp * pp * step + stage * tp + rank * step
+            for replica in range(replicas)
+            for stage in range(pp)
+            for rank in range(tp)
+        )
+
+    def placement(self) -> str:
+        """How :meth:`gpu_ids` follows from the arguments, in the log's words, for people."""
+        parts = [f"tp_size {self.tp_size}"]
+        parts += [
+            f"{name} {n}" for name, n in (("pp_size", self.pp_size), ("dp_size", self.dp_size)) if n and n > 1
+        ]
+        step = f", gpu_id_step {self.gpu_id_step}" if (self.gpu_id_step or 1) > 1 else ""
+        return f"{' x '.join(parts)} from GPU {self.base_gpu_id or 0}{step}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,6 +486,11 @@ _ARG_TYPES: dict[str, type] = {
     "enable_hierarchical_cache": bool,
     "hicache_ratio": float,
     "hicache_size": int,
+    "pp_size": int,
+    "nnodes": int,
+    "enable_dp_attention": bool,
+    "base_gpu_id": int,
+    "gpu_id_step": int,
 }
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sglang_launch.gpu import GpuSnapshot
-from sglang_launch.judgement import DEFAULT_THRESHOLDS, EXIT_FINDINGS, EXIT_OK, Thresholds, size
+from sglang_launch.judgement import DEFAULT_THRESHOLDS, EXIT_FINDINGS, EXIT_OK, Thresholds, gpu_list, size
 from sglang_launch.memory_math import (
     FractionChange,
     LaunchBudget,
@@ -86,7 +86,7 @@ def assess_gpus(
                 "unreadable",
                 "warning",
                 tuple(unreadable),
-                f"GPU {_ids(unreadable)}: no memory reading ([N/A], a GPU in a bad state): not judged",
+                f"GPU {gpu_list(unreadable)}: no memory reading ([N/A], a GPU in a bad state): not judged",
             )
         )
     if len(gpus) > 1:
@@ -142,9 +142,8 @@ def preflight(
     """
     chosen = tuple(g.index for g in snapshot.gpus if group is None or g.index in group)
     if not chosen:
-        raise ValueError(
-            f"none of GPUs {list(group or [])} exist here (found {_ids([g.index for g in snapshot.gpus])})"
-        )
+        found = gpu_list([g.index for g in snapshot.gpus])
+        raise ValueError(f"none of GPUs {list(group or [])} exist here (found {found})")
     gpus = [g for g in snapshot.gpus if g.index in chosen]
     judged = chosen + tuple(i for i in snapshot.unreadable if group is None or i in group)
     findings = list(
@@ -186,7 +185,7 @@ def preflight(
                     "warning",
                     tight,
                     f"--mem-fraction-static {frac(fraction)} leaves ~{size(worst.margin_bytes)} free on "
-                    f"GPUs {_ids(tight)} (keep >= {size(thresholds.min_margin_bytes)} for activation "
+                    f"GPUs {gpu_list(tight)} (keep >= {size(thresholds.min_margin_bytes)} for activation "
                     f"peaks); highest safe value {frac(safe)}",
                 )
             )
@@ -238,8 +237,4 @@ def preflight(
 
 def _gpus(indices: Sequence[int]) -> str:
     """``GPU 3 is`` / ``GPUs 3,5 are``, for sentences about some GPUs."""
-    return f"GPU {indices[0]} is" if len(indices) == 1 else f"GPUs {_ids(indices)} are"
-
-
-def _ids(indices: Sequence[int]) -> str:
-    return ",".join(str(i) for i in indices)
+    return f"GPU {indices[0]} is" if len(indices) == 1 else f"GPUs {gpu_list(indices)} are"

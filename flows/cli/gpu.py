@@ -153,6 +153,14 @@ def diagnose(
         float | None,
         typer.Option("--last-minutes", min=0.0, help="Judge only the last N minutes of the log."),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="The server's GPU indices as nvidia-smi numbers them, e.g. 4,5,6,7 (default: where its "
+            "server_args in the log place it; all GPUs if the log does not say).",
+        ),
+    ] = None,
     bytes_per_token: BytesPerToken = None,
     model_config: ModelConfig = None,
     tp: Tp = 1,
@@ -162,7 +170,8 @@ def diagnose(
 ) -> None:
     """Say what bounds an SGLang server (KV, retractions, prefill, the client...) and what to change.
 
-    The GPU numbers come from --gpu-csv, else live NVML when this machine has a driver. Exit code 0:
+    The GPU numbers come from --gpu-csv, else live NVML when this machine has a driver; only the
+    server's GPUs are judged (--gpus, else its server_args in the log). Exit code 0:
     healthy; 1: a bottleneck or a failure found; 2: unreadable input.
     """
     try:
@@ -170,12 +179,13 @@ def diagnose(
     except OSError as exc:
         _fail(f"cannot read {log}: {exc.strerror or exc}", json_out)
     try:
-        gpus: GpuSnapshot | None = _snapshot(gpu_csv, json_out)
+        snapshot: GpuSnapshot | None = _snapshot(gpu_csv, json_out)
     except GpuUnavailableError:
-        gpus = None  # a log alone still says what bounds the server
+        snapshot = None  # a log alone still says what bounds the server
     result = diagnose_log(
         parse_log(text),
-        gpus,
+        snapshot,
+        gpu_ids=_gpu_list(gpus) if gpus else None,
         concurrency=concurrency,
         bytes_per_token=_bytes_per_token(bytes_per_token, model_config, tp, kv_cache_dtype),
         mem_fraction=mem_fraction,

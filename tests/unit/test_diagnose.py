@@ -375,3 +375,58 @@ def test_an_oom_while_the_weights_load_is_not_told_to_lower_the_fraction() -> No
     result = diagnose(parse_log(log))
     assert result.verdict == "failure" and "(weights_oom)" in result.headline
     assert "no --mem-fraction-static helps" in " ".join(result.advice)
+
+
+# --- which GPUs are the server's ------------------------------------------------------------------
+def _node(*free_gib: float, busy: int | None = None) -> GpuSnapshot:
+    """An 8-GPU node of 80 GiB cards; ``busy``: a GPU another job holds (its process listed)."""
+    other = GpuProcess(777, "python", "python train.py", 70 * GIB)
+    return GpuSnapshot(
+        gpus=tuple(
+            GpuInfo(i, "H100", 80 * GIB, round((80 - f) * GIB), round(f * GIB), (other,) if i == busy else ())
+            for i, f in enumerate(free_gib)
+        ),
+        source="nvml",
+    )
+
+
+def test_only_the_servers_gpus_are_judged() -> None:
+    """tp 4 from GPU 0: GPU 7 filled by another job, and idle GPUs 4-6, say nothing about this server."""
+    log = synthetic([(50, 100, 0.95)] * 5).replace("'tp_size': 1", "'tp_size': 4")
+    result = run(log, _node(10, 10, 10, 10, 79, 79, 79, 1, busy=7))
+    assert result.memory.free_bytes == 10 * GIB
+    assert result.advice[0].startswith("--mem-fraction-static 0.88 -> ")
+    assert (
+        "GPUs judged: 0,1,2,3 (the server's: tp_size 4 from GPU 0 in its server_args; pass --gpus if its "
+        "CUDA_VISIBLE_DEVICES renumbered them)"
+    ) in result.evidence
+    assert not [f for f in result.gpu_findings if f.kind in ("unbalanced", "process")]
+
+
+def test_the_gpus_follow_base_gpu_id_step_and_data_parallel_replicas() -> None:
+    args = "'tp_size': 2, 'dp_size': 2, 'base_gpu_id': 1, 'gpu_id_step': 2"
+    log = synthetic([(50, 100, 0.95)] * 5).replace("'tp_size': 1", args)
+    free = [1.0] * 8
+    for gpu in (1, 3, 5, 7):
+        free[gpu] = 12.0
+    result = run(log, _node(*free))
+    assert result.memory.free_bytes == 12 * GIB
+    assert any(line.startswith("GPUs judged: 1,3,5,7 ") for line in result.evidence)
+
+
+def test_a_log_that_does_not_say_which_gpus_judges_them_all_and_says_so() -> None:
+    log = "\n".join(
+        line for line in synthetic([(50, 100, 0.95)] * 5).splitlines() if "server_args" not in line
+    )
+    result = run(log, _node(10, 10, 10, 10, 79, 79, 79, 1, busy=7), mem_fraction=0.88)
+    assert result.memory.free_bytes == 1 * GIB
+    assert any(
+        line.startswith("GPUs judged: all 8 (the log does not say which the server uses")
+        for line in result.evidence
+    )
+
+
+def test_diagnose_command_judges_the_gpus_given(no_nvml: None) -> None:
+    args = ["diagnose", str(LOGS / "seeds_kv_bound_tp8.log"), "--gpu-csv", str(LOGS / "seeds_nvidia_smi.csv")]
+    result = runner.invoke(cli.app, [*args, "--gpus", "4,5", "--json"])
+    assert "GPUs judged: 4,5 (given with --gpus)" in json.loads(result.output)["evidence"]

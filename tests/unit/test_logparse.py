@@ -247,3 +247,23 @@ def test_no_failure_in_a_healthy_log_and_the_table_lists_every_kind_once() -> No
     assert classify_startup_failure((REAL / "server_main.log").read_text()) is None
     kinds = [kind for kind, _, _ in FAILURE_PATTERNS]
     assert kinds == ["host_memory", "kv_memory", "gpu_unbalanced", "cuda_graph", "cuda_oom", "scheduler_died"]
+
+
+@pytest.mark.parametrize(
+    ("args", "gpus"),
+    [
+        ("'tp_size': 4, 'base_gpu_id': 4", (4, 5, 6, 7)),
+        ("'tp_size': 2, 'pp_size': 2", (0, 1, 2, 3)),
+        ("'tp_size': 4, 'dp_size': 4, 'enable_dp_attention': True", (0, 1, 2, 3)),  # DP attention shares them
+        ("'tp_size': 2, 'dp_size': 2, 'base_gpu_id': 1, 'gpu_id_step': 2", (1, 3, 5, 7)),
+        ("'tp_size': 8, 'nnodes': 2", None),  # which ranks ran on this node: not known here
+        ("'model_path': '/m'", None),  # no tp_size: no placement to derive
+    ],
+)
+def test_the_gpus_a_server_ran_on_follow_its_server_args(args: str, gpus: tuple[int, ...] | None) -> None:
+    assert parse_log(f"[2026-11-29 14:06:36] server_args={{{args}}}\n").args.gpu_ids() == gpus
+
+
+def test_a_real_log_places_the_server_on_gpu_0() -> None:
+    log = parse_log((REAL / "server_main.log").read_text())
+    assert (log.args.gpu_ids(), log.args.placement()) == ((0,), "tp_size 1 from GPU 0")
