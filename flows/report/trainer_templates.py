@@ -9,7 +9,9 @@ the template and says so; the fix is a category ``system_prompt`` equal to the t
 (so the target sees it too), or a template without a default.
 
 The table holds facts read from sgl-project/SpecForge ``specforge/data/template.py`` (the
-``system_prompt`` of each registered template); templates not listed are unknown and not checked.
+``system_prompt`` of each registered template), as of commit 031c0d6b72a4b50a322eae151264a030e9db01bb,
+which registers ling-3.0, ling-3.0-thinking, deepseek-v4 and glm-5.3 with ``system_prompt=None``;
+templates not listed are unknown and not checked.
 """
 
 from __future__ import annotations
@@ -54,12 +56,16 @@ SPECFORGE_DEFAULT_SYSTEM: dict[str, str] = {
             "deepseek-r1-distill",
             "deepseek-v2",
             "deepseek-v32",
+            "deepseek-v4",
             "glm-5.2",
+            "glm-5.3",
             "gpt-oss",
             "gpt-oss-naive",
             "inkling-thinking",
             "kimi-k3-thinking",
             "lfm",
+            "ling-3.0",
+            "ling-3.0-thinking",
             "qwen3.5",
         ),
         "",

@@ -407,6 +407,12 @@ def test_template_check_is_quiet_when_every_row_has_a_system_prompt_and_names_un
     assert unknown is not None and unknown.startswith("Warning: unknown SpecForge template 'my-template'")
 
 
+@pytest.mark.parametrize("template", ["ling-3.0", "ling-3.0-thinking", "glm-5.3", "deepseek-v4"])
+def test_specforges_newer_templates_are_known_and_add_no_system_prompt(template: str) -> None:
+    """Registered in SpecForge's specforge/data/template.py (031c0d6) with system_prompt=None."""
+    assert template_warning(template, SystemPromptCheck({"chat": 3}, 5)) is None
+
+
 def _cli() -> typer.Typer:
     app = typer.Typer()
     app.command()(export)
