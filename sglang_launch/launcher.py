@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, secret_values, shown_env
-from sglang_launch.logparse import StartupFailure, parse_log
+from sglang_launch.logparse import ServerLog, StartupFailure, parse_log
 from sglang_launch.ports import free_port
 from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
 from sglang_launch.server_config import ServerConfig
@@ -353,16 +353,29 @@ def _attempt(
         return attempt, _Started(process, fraction, kv)
     process.stop(cfg.stop_grace_s)
     log = parse_log(log_path.read_text(errors="replace"))
-    in_effect = fraction if fraction is not None else log.args.mem_fraction_static
-    return LaunchAttempt(number, in_effect, outcome, time.monotonic() - began, log_path, log.failure), None
+    return LaunchAttempt(
+        number, _in_effect(fraction, log), outcome, time.monotonic() - began, log_path, log.failure
+    ), None
+
+
+def _in_effect(passed: float | None, log: ServerLog) -> float | None:
+    """The fraction a server ran at: the one passed, else SGLang's own choice, which its
+    ``server_args`` line shows (0.5.x logs the resolved value: ``'mem_fraction_static': 0.874``)."""
+    return passed if passed is not None else log.args.mem_fraction_static
 
 
 def _climb(
-    cfg: ServerConfig, port: int, first: float | None, number: int
+    cfg: ServerConfig,
+    port: int,
+    first: float | None,
+    number: int,
+    failures: Sequence[tuple[float | None, int]] = (),
 ) -> tuple[_Started, list[LaunchAttempt]]:
-    """Attempts from `first` down/up the ladder until one serves; raises StartupFailed."""
+    """Attempts from `first` down/up the ladder until one serves; raises StartupFailed.
+
+    `failures` are earlier ones (a server that died while serving) that still bound the ladder."""
     attempts: list[LaunchAttempt] = []
-    failures: list[tuple[float | None, int]] = []
+    failures = list(failures)
     fraction = first
     while True:
         attempt, started = _attempt(cfg, port, fraction, number + len(attempts))
@@ -417,10 +430,24 @@ class ServerHandle:
         self._started.process.stop(self.cfg.stop_grace_s)
 
     def restart(self) -> list[LaunchAttempt]:
-        """Stop (if still running) and start again on the same port; returns the new attempts."""
+        """Stop (if still running) and start again on the same port; returns the new attempts.
+
+        A server that died of a memory failure while serving (CUDA out of memory) would die again
+        at the fraction it ran at, SGLang's own choice included: the restart climbs from the rung
+        below it, as after a failed start; any other death restarts at the same settings.
+        """
         self.stop()
+        died = parse_log(self.log_path.read_text(errors="replace"))
+        direction = retry_direction(died.failure.kind if died.failure else None, self.cfg)
+        failures = [(_in_effect(self.fraction, died), direction)] if direction else []
+        first = next_fraction(self.cfg.mem_fraction_ladder, failures) if failures else self.fraction
+        if failures and first is None:  # no rung left on that side of the fraction that failed
+            ran = LaunchAttempt(
+                self._attempts_so_far, failures[0][0], "failed", 0.0, self.log_path, died.failure
+            )
+            raise StartupFailed([ran])
         try:
-            started, attempts = _climb(self.cfg, self.port, self.fraction, self._attempts_so_far + 1)
+            started, attempts = _climb(self.cfg, self.port, first, self._attempts_so_far + 1, failures)
         except StartupFailed as failed:
             self._attempts_so_far += len(failed.attempts)
             raise

@@ -70,6 +70,13 @@ FAKE_SERVER = textwrap.dedent(
     if os.environ.get("FAKE_EXIT"):
         print("something unexpected", flush=True)
         sys.exit(3)
+    if fraction > float(os.environ.get("FAKE_SERVING_OOM_ABOVE", "1")):  # dies once it serves
+        def oom():
+            time.sleep(float(os.environ.get("FAKE_WARMUP_S", "0.2")) + 0.5)
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.", flush=True)
+            os._exit(1)
+        import threading
+        threading.Thread(target=oom, daemon=True).start()
     kv = int(os.environ.get("FAKE_KV", "4096"))
     print(f"[2026-11-29 14:06:50] max_total_num_tokens={kv}, chunked_prefill_size=4096, "
           "max_running_requests=16, context_len=1024", flush=True)
@@ -351,6 +358,39 @@ def test_engine_restarts_a_dead_server_on_the_same_port(fake_cfg: ServerConfig) 
         assert httpx.get(f"{url}/health").status_code == 200
         assert [a.number for a in engine.attempts] == [1, 2, 3, 4]
     assert not handle.alive()
+
+
+def test_a_server_out_of_memory_while_serving_restarts_below_the_fraction_sglang_chose(
+    fake_cfg: ServerConfig,
+) -> None:
+    """No fraction given: SGLang chose 0.874 (its server_args line says so) and ran out of memory while
+    serving; restarting it at its own choice again would only run out of memory again."""
+    cfg = with_env(fake_cfg, FAKE_AUTO_FRACTION="0.874", FAKE_SERVING_OOM_ABOVE="0.86")
+    with LaunchedEngine(cfg.model_copy(update={"launch": True})) as engine:
+        assert [(a.fraction, a.outcome) for a in engine.ensure_running()] == [(None, "ready")]
+        handle = engine.handle
+        assert handle is not None
+        deadline = time.monotonic() + 10
+        while handle.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [(a.fraction, a.outcome) for a in engine.ensure_running()] == [(0.85, "ready")]
+        assert handle.fraction == 0.85
+
+
+def test_a_server_out_of_memory_while_serving_with_no_rung_below_is_not_restarted_to_fail_again(
+    fake_cfg: ServerConfig,
+) -> None:
+    cfg = with_env(fake_cfg, FAKE_AUTO_FRACTION="0.874", FAKE_SERVING_OOM_ABOVE="0.86")
+    with LaunchedEngine(cfg.model_copy(update={"launch": True, "mem_fraction_ladder": [0.9]})) as engine:
+        engine.ensure_running()
+        handle = engine.handle
+        assert handle is not None
+        deadline = time.monotonic() + 10
+        while handle.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(StartupFailed, match="CUDA out of memory") as failed:
+            engine.ensure_running()
+        assert [(a.fraction, a.failure_kind) for a in failed.value.attempts] == [(0.874, "cuda_oom")]
 
 
 def test_probe_reads_health_and_kv_capacity_of_a_running_server(fake_cfg: ServerConfig) -> None:
