@@ -197,16 +197,26 @@ def server_gpus(
 
     A node runs other jobs: the GPU another job fills, or an idle one, says nothing about this
     server's headroom or balance, and the lowest free memory over all GPUs gave wrong advice.
+
+    The log's placement counts in the server's ``CUDA_VISIBLE_DEVICES``, which a log does not show,
+    and a server started with ``CUDA_VISIBLE_DEVICES=4,5,6,7`` (the common way to share a node) logs
+    GPUs 0-3: judged there, another server's GPUs would say how much room this one has, advice that
+    can run it out of memory. So the log's placement is taken only where the server was placed by
+    SGLang's own flags (``--base-gpu-id``, ``--gpu-id-step``); else every GPU is judged (the lowest
+    free memory: advice that fits them all) and the evidence says how to judge only its own.
     """
     if gpus is None:
         return None, ""
+    placed = log.args.gpu_ids()
     if given is not None:
         ids, why = tuple(given), "given with --gpus"
-    elif (placed := log.args.gpu_ids()) is not None:
-        ids = placed
-        why = (
-            f"the server's: {log.args.placement()} in its server_args; pass --gpus if its "
-            "CUDA_VISIBLE_DEVICES renumbered them"
+    elif placed is not None and (log.args.base_gpu_id or (log.args.gpu_id_step or 1) > 1):
+        ids, why = placed, f"the server's: {log.args.placement()} in its server_args"
+    elif placed is not None and len(placed) < len(gpus.gpus):
+        return gpus, (
+            f"GPUs judged: all {len(gpus.gpus)} (the server's server_args place it on its GPUs "
+            f"{gpu_list(placed)}, counted in a CUDA_VISIBLE_DEVICES the log does not show: pass --gpus "
+            "with nvidia-smi's numbers of its GPUs to judge only those)"
         )
     else:
         return gpus, (

@@ -390,16 +390,27 @@ def _node(*free_gib: float, busy: int | None = None) -> GpuSnapshot:
     )
 
 
-def test_only_the_servers_gpus_are_judged() -> None:
-    """tp 4 from GPU 0: GPU 7 filled by another job, and idle GPUs 4-6, say nothing about this server."""
+def test_a_placement_the_log_cannot_tell_from_a_renumbering_judges_every_gpu_and_says_how_to_narrow() -> None:
+    """tp 4 from GPU 0 may be nvidia-smi's 4-7 under CUDA_VISIBLE_DEVICES=4,5,6,7: judged on 0-3 (here
+    another server's, 10 GiB free) the advice would raise the fraction of a server with 1 GiB left."""
     log = synthetic([(50, 100, 0.95)] * 5).replace("'tp_size': 1", "'tp_size': 4")
-    result = run(log, _node(10, 10, 10, 10, 79, 79, 79, 1, busy=7))
+    result = run(log, _node(10, 10, 10, 10, 1, 1, 1, 1))
+    assert result.memory.free_bytes == 1 * GIB
+    assert (
+        "GPUs judged: all 8 (the server's server_args place it on its GPUs 0,1,2,3, counted in a "
+        "CUDA_VISIBLE_DEVICES the log does not show: pass --gpus with nvidia-smi's numbers of its GPUs "
+        "to judge only those)"
+    ) in result.evidence
+
+
+def test_only_the_servers_gpus_are_judged_where_sglangs_own_flags_placed_it() -> None:
+    """tp 4 from --base-gpu-id 4: GPU 0 filled by another job, and idle GPUs 1-3, say nothing about
+    this server."""
+    log = synthetic([(50, 100, 0.95)] * 5).replace("'tp_size': 1", "'tp_size': 4, 'base_gpu_id': 4")
+    result = run(log, _node(1, 79, 79, 79, 10, 10, 10, 10, busy=0))
     assert result.memory.free_bytes == 10 * GIB
     assert result.advice[0].startswith("--mem-fraction-static 0.88 -> ")
-    assert (
-        "GPUs judged: 0,1,2,3 (the server's: tp_size 4 from GPU 0 in its server_args; pass --gpus if its "
-        "CUDA_VISIBLE_DEVICES renumbered them)"
-    ) in result.evidence
+    assert "GPUs judged: 4,5,6,7 (the server's: tp_size 4 from GPU 4 in its server_args)" in result.evidence
     assert not [f for f in result.gpu_findings if f.kind in ("unbalanced", "process")]
 
 
