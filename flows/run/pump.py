@@ -168,10 +168,10 @@ async def _ask(
             return
     try:
         row = output_row(record, regenerated, sampling, client.endpoint, prompt_hash)
+        sink.rows.add(row)  # a row its shard cannot hold (UnstorableRow) is this prompt's reject
     except Exception as error:
         _reject_internal(record, sink, client, error, prompt_hash)
         return
-    sink.rows.add(row)
     tally = sink.tally
     usage = regenerated.usage
     held[task].finished(regenerated.latency_s, usage.completion_tokens)

@@ -398,3 +398,33 @@ async def test_a_category_whose_first_rows_are_nearly_all_left_out_of_training_i
         sink=fine,
     )
     assert not [r for r in caplog.records if "left out of training" in r.getMessage()]
+
+
+async def test_an_answer_of_types_the_shard_cannot_hold_is_a_retryable_reject_and_the_shard_still_writes(
+    tmp_path: Path,
+) -> None:
+    """A server that says a tool call's arguments as a JSON object (not the string OpenAI's API has)
+    made a row Arrow could not write: the whole buffered shard failed at its flush, the run stopped
+    with every other buffered row of the category lost, and each resume asked the prompt again and
+    stopped again."""
+
+    class ObjectArguments(FakeClient):
+        async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+            generation = await super().generate(messages, tools, sampling)
+            if messages[-1]["content"] == "odd":
+                call = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+                generation.message = {**generation.message, "content": None, "tool_calls": [call]}
+            return generation
+
+    limiter = _lanes(ObjectArguments(), limit=4)
+    sink = _sink(tmp_path)
+    items = [_item(0, "ok"), _item(1, "odd"), _item(2, "ok")]
+    await pump_shard(
+        items, limiter=limiter, category=CATEGORY, sampling=SamplingParams(max_tokens=8), sink=sink
+    )
+    assert sink.rows.write(sink.rows.take()) is not None  # the good rows reach the disk
+    assert sink.rows.written == 2 and sink.tally.rows == 2
+    (reject,) = sink.rejects.take()
+    assert reject["id"] == "p1" and reject["retryable"] is True
+    assert reject["reason"].startswith("internal error: UnstorableRow: ")
+    assert limiter.in_flight == 0

@@ -100,7 +100,8 @@ async def test_drain_writes_every_other_writer_when_one_shard_cannot_be_built(tm
     store = RunStore(tmp_path / "run")
     poisoned = store.reject_writer("a", flush_rows=100, flush_seconds=60)
     fine = store.reject_writer("b", flush_rows=100, flush_seconds=60)
-    poisoned.add({**_reject("p"), "status": "not-an-int"})
+    poisoned.add(_reject("p"))
+    poisoned._rows[0]["status"] = "not-an-int"  # past `add`'s check: a bug in the writer's own code
     for rid in ("f0", "f1"):
         fine.add(_reject(rid))
     with pytest.raises(pa.ArrowException):
