@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 RATE_ALPHA = 0.3
 """Smoothing of completions per second across ticks (one tick is one poll)."""
+READ_DEADLINE_S = 10.0
+"""A tick's readings (the server's load, free GPU memory) that take longer fail the tick: each
+source has its own 2 s timeouts, and SGLang is read twice (``/metrics``, ``/v1/loads``)."""
 
 
 class EndpointController:
@@ -36,6 +39,7 @@ class EndpointController:
         *,
         poll_s: float = 1.0,
         vram: VramReader | None = None,
+        read_deadline_s: float = READ_DEADLINE_S,
     ) -> None:
         client = lane.endpoint.client
         self.lane = lane
@@ -45,6 +49,7 @@ class EndpointController:
         self.poll_s = poll_s
         self.reader = SignalReader(client.endpoint, client.api_key, ca_bundle=client.ca_bundle)
         self.vram = vram
+        self.read_deadline_s = read_deadline_s
         self.capacity: int | None = None
         self.page: int | None = None
         self.last: Decision | None = None
@@ -69,8 +74,7 @@ class EndpointController:
         while True:
             await asyncio.sleep(self.poll_s)
             try:
-                sample = with_pool(await self.reader.read(), self.capacity, self.page)
-                memory = await self.vram.read() if self.vram is not None else None
+                sample, memory = await self._read()
                 now = time.monotonic()
                 if sample is not None and sample.busy_us is not None:
                     self.busy.add(now, sample.busy_us)
@@ -86,6 +90,22 @@ class EndpointController:
             # waiters see the new limit, credit and pace now, not at the next release (with nothing
             # in flight there is none: a pace raised from zero woke nobody)
             await self.limiter.notify()
+
+    async def _read(self) -> tuple[ServerSample | None, VramSample | None]:
+        """The server's load and the GPUs' free memory, or ``TimeoutError`` after ``read_deadline_s``.
+
+        A reading that never returned (NVML on a GPU fallen off the bus) held the loop: no tick
+        failed, and a lane the last decision paced at zero admitted nothing for the rest of the run.
+        """
+        try:
+            async with asyncio.timeout(self.read_deadline_s):
+                sample = with_pool(await self.reader.read(), self.capacity, self.page)
+                memory = await self.vram.read() if self.vram is not None else None
+        except TimeoutError:
+            raise TimeoutError(
+                f"the server's load or the GPUs' free memory was not read within {self.read_deadline_s:g} s"
+            ) from None
+        return sample, memory
 
     def _tick_failed(self, error: Exception) -> None:
         """A tick that raised (a server's answer no reader foresaw, a bug): the lane runs on as a

@@ -60,11 +60,13 @@ class VramReader:
         self.source = source
         self._http = httpx.AsyncClient(timeout=timeout_s) if source != "nvml" else None
         self._warned = False
+        self._nvml: asyncio.Future[list[tuple[int, int]]] | None = None
+        """The NVML reading under way: one at a time (see ``_read_nvml``)."""
 
     async def read(self) -> VramSample | None:
         try:
             if self._http is None:
-                return tightest(await asyncio.to_thread(read_memory))
+                return tightest(await self._read_nvml())
             response = await self._http.get(self.source)
             response.raise_for_status()
             return parse_dcgm(response.text)
@@ -73,6 +75,16 @@ class VramReader:
                 self._warned = True
                 log.warning("free GPU memory cannot be read from %s (%s): no OOM guard", self.source, error)
             return None
+
+    async def _read_nvml(self) -> list[tuple[int, int]]:
+        """NVML's reading in a worker thread, never two at once. A call that hangs cannot be
+        cancelled (its thread stays blocked): started again at every tick the controller gave up
+        waiting, the hung calls would take every thread of the loop's executor, shard writes
+        included. So a caller that gave up leaves the reading under way, and the next one waits
+        for that same reading."""
+        if self._nvml is None or self._nvml.done():
+            self._nvml = asyncio.ensure_future(asyncio.to_thread(read_memory))
+        return await asyncio.shield(self._nvml)
 
     async def aclose(self) -> None:
         if self._http is not None:

@@ -4,34 +4,46 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import flows.control.controller as controller_module
+import flows.control.vram as vram_module
 from flows.client.guard import Endpoint
 from flows.control.adaptive import AdaptiveLimit, LawSettings
 from flows.control.controller import EndpointController
 from flows.control.limiter import Lane, Limiter
 from flows.control.signals import ServerSample
 from flows.control.timeline import Timeline
+from flows.control.vram import VramReader
+
+
+def _paced_at_zero(
+    tmp_path: Path, **options: Any
+) -> tuple[Lane[Endpoint], Limiter[Endpoint], EndpointController]:
+    """A lane, its limiter and its controller, the last decision having paced the lane at zero with
+    its credit spent (a cohort at the budget): only a new tick lets it admit again."""
+    client = SimpleNamespace(endpoint="http://127.0.0.1:9", api_key=None, ca_bundle=None)
+    endpoint = Endpoint(client, SimpleNamespace(up=True))  # type: ignore[arg-type]
+    law = AdaptiveLimit(LawSettings(initial_limit=8))
+    lane: Lane[Endpoint] = Lane(endpoint, law)
+    limiter = Limiter([lane])
+    controller = EndpointController(lane, law, limiter, Timeline(tmp_path), poll_s=0.01, **options)
+    lane.pacer.set(0.0, 1.0, time.monotonic())
+    lane.set_credit(0)
+    return lane, limiter, controller
 
 
 async def test_a_failing_tick_unpaces_the_lane_warns_once_and_the_loop_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(controller_module, "server_info", lambda *args: None)
-    client = SimpleNamespace(endpoint="http://127.0.0.1:9", api_key=None, ca_bundle=None)
-    endpoint = Endpoint(client, SimpleNamespace(up=True))  # type: ignore[arg-type]
-    law = AdaptiveLimit(LawSettings(initial_limit=8))
-    lane: Lane[Endpoint] = Lane(endpoint, law)
-    limiter = Limiter([lane])
-    controller = EndpointController(lane, law, limiter, Timeline(tmp_path), poll_s=0.01)
-    # the last decision paced the lane at zero with its credit spent (a cohort at the budget)
-    lane.pacer.set(0.0, 1.0, time.monotonic())
-    lane.set_credit(0)
+    lane, limiter, controller = _paced_at_zero(tmp_path)
     reads = 0
 
     async def read() -> ServerSample | None:
@@ -59,3 +71,42 @@ async def test_a_failing_tick_unpaces_the_lane_warns_once_and_the_loop_goes_on(
     assert len(warnings) == 1 and "controller failed (TypeError" in warnings[0].getMessage()
     assert warnings[0].exc_info is not None
     assert any("works again (5 failed ticks)" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_reading_that_hangs_fails_its_tick_so_a_lane_paced_at_zero_admits_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU memory reading that never returns (NVML on a GPU fallen off the bus) held the
+    controller's loop forever: no tick failed, so a lane the last decision paced at zero admitted
+    nothing for the rest of the run."""
+    monkeypatch.setattr(controller_module, "server_info", lambda *args: None)
+    nvml_calls = 0
+    unstuck = threading.Event()
+
+    def stuck_nvml() -> list[tuple[int, int]]:
+        nonlocal nvml_calls
+        nvml_calls += 1
+        unstuck.wait(10)  # a call that does not return while the test runs
+        return [(1 << 30, 1 << 34)]
+
+    monkeypatch.setattr(vram_module, "read_memory", stuck_nvml)
+    lane, limiter, controller = _paced_at_zero(tmp_path, vram=VramReader("nvml"), read_deadline_s=0.05)
+
+    async def read() -> ServerSample | None:
+        return None
+
+    controller.reader.read = read  # type: ignore[method-assign]
+    task = asyncio.create_task(controller.run())
+    try:
+        admitted = await asyncio.wait_for(limiter.acquire(), 2)
+        assert admitted is lane
+        while controller.failed_ticks < 3:
+            await asyncio.sleep(0.01)
+        assert nvml_calls == 1  # not a new thread per tick while the first is stuck
+    finally:
+        unstuck.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await controller.aclose()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "not read within" in warnings[0].getMessage()
