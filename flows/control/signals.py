@@ -330,6 +330,8 @@ class SignalReader:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, verify=tls_context(ca_bundle))
         self._source: str | None = None
+        self._answered = False
+        """Some source has answered: a read that fails now is an outage, not a server without them."""
         self._warned = False
         self._has_loads: bool | None = None
         self._pool: int | None = None
@@ -346,7 +348,7 @@ class SignalReader:
             for source in [self._source] if self._source else ["metrics", "loads"]:
                 sample = await self._read(source)
                 if sample is not None:
-                    self._source = source
+                    self._source, self._answered = source, True
                     if source == "metrics" and self._has_loads is not False:
                         loads = await self.loads()
                         sample = with_loads(sample, loads)
@@ -401,14 +403,24 @@ class SignalReader:
         return loads
 
     def _warn_once(self) -> None:
-        if not self._warned:
-            self._warned = True
+        """One warning; the advice to enable metrics only for a server that never served them (a
+        restart's outage told a server that had served them all along to start with them)."""
+        if self._warned:
+            return
+        self._warned = True
+        if self._answered:
             log.warning(
-                "%s serves neither /metrics nor /v1/loads: the concurrency controller uses the client's own "
-                "counts only; %s",
+                "%s stopped answering /metrics and /v1/loads (a restart?): the concurrency controller uses "
+                "the client's own counts until it answers again",
                 self.url,
-                METRICS_HINT,
             )
+            return
+        log.warning(
+            "%s serves neither /metrics nor /v1/loads: the concurrency controller uses the client's own "
+            "counts only; %s",
+            self.url,
+            METRICS_HINT,
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

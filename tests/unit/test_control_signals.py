@@ -303,3 +303,44 @@ def test_with_data_parallel_ranks_a_failed_snapshot_keeps_the_pool_the_last_one_
     samples = asyncio.run(_reads(sglang, 3))
     assert [s.capacity_tokens if s else None for s in samples] == [8192] * 3
     assert samples[1] is not None and samples[1].source == "sglang-metrics"
+
+
+def test_a_server_that_stops_answering_for_a_while_is_not_advised_to_enable_metrics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A restart (a server this run launched, started again by its guard) made the first poll of
+    the outage warn that the server serves neither source and to start it with --enable-metrics:
+    advice for a server that had served its metrics all along. A server that never answered either
+    is still told, once."""
+    metrics = _text("sglang-0.5.23/metrics_after_retraction.prom")
+    down = False
+
+    def restarting(request: httpx.Request) -> httpx.Response:
+        if down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=metrics)
+        return httpx.Response(404)
+
+    async def through_a_restart() -> list[ServerSample | None]:
+        nonlocal down
+        reader = SignalReader("http://server")
+        reader._http = httpx.AsyncClient(transport=httpx.MockTransport(restarting))
+        try:
+            samples = [await reader.read()]
+            down = True
+            samples += [await reader.read(), await reader.read()]
+            down = False
+            return [*samples, await reader.read()]
+        finally:
+            await reader.aclose()
+
+    samples = asyncio.run(through_a_restart())
+    assert [s.source if s else None for s in samples] == ["sglang-metrics", None, None, "sglang-metrics"]
+    assert not [r for r in caplog.records if "--enable-metrics" in r.getMessage()]
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1  # the outage, said once
+
+    silent = _Server("# nothing a load reader knows\n", [httpx.Response(404)])
+    asyncio.run(_reads(silent, 3))
+    advice = [r for r in caplog.records if "--enable-metrics" in r.getMessage()]
+    assert len(advice) == 1
