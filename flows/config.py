@@ -309,6 +309,20 @@ class RunConfig(_Strict):
     generation: GenerationConfig = DEFAULT_GENERATION
     categories: list[CategoryConfig] = Field(min_length=1)
 
+    @field_validator("endpoints")
+    @classmethod
+    def _each_server_once(cls, endpoints: list[EndpointConfig]) -> list[EndpointConfig]:
+        """Each endpoint gets its own lane and adaptive controller, which counts only its own requests
+        against the server's whole KV cache: two on one server ask for twice the pool together."""
+        urls = [e.url for e in endpoints]  # normalised: no trailing slash, no /v1
+        twice = sorted({url for url in urls if urls.count(url) > 1})
+        if twice:
+            raise ValueError(
+                f"{', '.join(twice)} is listed twice: each entry gets its own concurrency limit, and two "
+                "on one server overfill its KV cache; list each server once (raise [concurrency] instead)"
+            )
+        return endpoints
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         names = [c.name for c in self.categories]

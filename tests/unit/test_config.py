@@ -115,6 +115,15 @@ def test_duplicate_category_names_are_refused() -> None:
         parse_config(data)
 
 
+def test_a_server_listed_twice_in_endpoints_is_refused_naming_it() -> None:
+    """Listed twice (here once with /v1), one server got two lanes, each with its own adaptive
+    controller that counted only its own requests against the whole KV cache: together they asked
+    for twice the pool, and the server retracted."""
+    twice = [{"url": "http://127.0.0.1:30000/v1/"}, {"url": "http://127.0.0.1:30000"}]
+    with pytest.raises(ConfigError, match=r"^config: endpoints: http://127\.0\.0\.1:30000 is listed twice"):
+        parse_config(_with(endpoints=twice))
+
+
 def test_fingerprint_follows_prompts_and_sampling_not_endpoints_or_concurrency() -> None:
     a = parse_config(_with())
     moved = parse_config(_with(endpoints=[{"url": "http://10.0.0.2:1"}], concurrency={"limit": 7}))
