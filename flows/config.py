@@ -50,7 +50,11 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys refused (a typo is not a default), and numbers finite: TOML writes ``inf`` and
+    ``nan``, and a temperature of ``inf`` passed ``ge = 0``, went into every request, and every prompt
+    became a final reject."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GenerationConfig(_Strict):

@@ -59,7 +59,7 @@ class ServerConfig(BaseModel):
     `len(mem_fraction_ladder) + 1` attempts.
     """
 
-    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True, allow_inf_nan=False)
 
     launch: bool = Field(
         default=False, description="`datagen run` starts, restarts and stops the server itself."

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,21 @@ def test_output_dir_may_be_a_url_and_the_run_keeps_its_own_files_locally() -> No
     assert (local_url.run_location, local_url.run_dir) == ("file:///data/runs/r1", Path("/data/runs/r1"))
     plain = parse_config(_with())
     assert (plain.run_location, plain.run_dir) == ("output/r1", Path("output/r1"))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("generation", "temperature", math.inf),
+        ("generation", "temperature", math.nan),
+        ("retry", "max_total_s", math.inf),
+        ("concurrency", "min_free_vram_gib", math.nan),
+    ],
+)
+def test_an_infinite_or_nan_number_names_its_key(section: str, key: str, value: float) -> None:
+    """TOML writes ``inf`` and ``nan``: a temperature of inf passed `ge = 0`, went into every request
+    as `Infinity`, and every prompt of the run became a final reject a resume never asks again."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with(**{section: {key: value}}))
+    assert f"{section}.{key}:" in str(info.value)
+    assert "finite" in str(info.value)

@@ -191,6 +191,8 @@ def test_ladder_is_sorted_high_to_low_without_duplicates() -> None:
         ({"chunked_prefill_size": 0}, "positive, or -1"),
         ({"mem_fraction_static": 1.0}, "less than 1"),
         ({"surprise": 1}, "Extra inputs are not permitted"),
+        ({"startup_timeout_s": float("nan")}, "finite number"),  # passed gt=0: a start never given up
+        ({"stop_grace_s": float("inf")}, "finite number"),
     ],
 )
 def test_invalid_configs(fields: dict[str, object], message: str) -> None:
