@@ -113,7 +113,7 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
         (sample.name, sample.labels, sample.value)
         for family in text_string_to_metric_families(kept)
         for sample in family.samples
-        if math.isfinite(sample.value)  # NaN and ±Inf are valid exposition, not a load
+        if _is_load(sample.value)
     ]
 
 
@@ -266,9 +266,15 @@ def with_loads(metrics: ServerSample, loads: ServerSample | None) -> ServerSampl
     )
 
 
+def _is_load(value: float) -> bool:
+    """Whether a reading can be a load: NaN and ±Inf are valid exposition, and no count, usage or
+    counter is below zero (a negative running count made a negative decode rate per request)."""
+    return math.isfinite(value) and value >= 0
+
+
 def _finite(value: object) -> float | None:
-    """A JSON value as a number, where it is one (not a bool, not NaN or infinite)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """A JSON value as a load, where it is one (a number, not a bool: ``_is_load``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _is_load(value):
         return None
     return float(value)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 
 import httpx
@@ -39,14 +40,17 @@ def tightest(readings: list[tuple[int, int]]) -> VramSample | None:
 
 
 def parse_dcgm(text: str) -> VramSample | None:
-    """A DCGM exporter's metrics (framebuffer sizes in MiB, one series per ``gpu`` label)."""
+    """A DCGM exporter's metrics (framebuffer sizes in MiB, one series per ``gpu`` label).
+
+    A value that is no size (NaN, ±Inf, below zero) leaves its series out: an infinite one raised at
+    every tick, a negative one read as the tightest GPU."""
     free: dict[str, float] = {}
     used: dict[str, float] = {}
     reserved: dict[str, float] = {}
     wanted = {"DCGM_FI_DEV_FB_FREE": free, "DCGM_FI_DEV_FB_USED": used, "DCGM_FI_DEV_FB_RESERVED": reserved}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in wanted:
+            if sample.name in wanted and math.isfinite(sample.value) and sample.value >= 0:
                 wanted[sample.name][sample.labels.get("gpu", "0")] = sample.value
     totals = {gpu: f + used.get(gpu, 0.0) + reserved.get(gpu, 0.0) for gpu, f in free.items()}
     readings = [(int(f * MIB), int(totals[gpu] * MIB)) for gpu, f in free.items()]

@@ -275,6 +275,22 @@ def test_non_finite_gauges_read_as_not_said() -> None:
     assert sample.running == 10  # the rest as the server said it
 
 
+def test_negative_loads_read_as_not_said() -> None:
+    """No load is below zero: a negative running count made a negative decode rate per request,
+    and a negative usage a cache the law would fill past its pool."""
+    text = _text("sglang-0.5.23/metrics_after_retraction.prom")
+    for gauge in ("sglang:num_running_reqs{", "sglang:token_usage{"):
+        lines = [
+            line.rsplit(" ", 1)[0] + " -3" if line.startswith(gauge) else line for line in text.splitlines()
+        ]
+        sample = parse_metrics("\n".join(lines) + "\n")
+        assert sample is not None
+        assert (sample.running, sample.kv_usage) == ((None, 0.93) if "running" in gauge else (10, None))
+    rank = json.loads(_text("sglang-0.5.23/v1_loads_load.json"))["loads"][0]
+    loads = parse_loads({"loads": [{**rank, "num_running_reqs": -2, "num_used_tokens": -100}]})
+    assert loads is not None and (loads.running, loads.kv_usage) == (0, 0.0)  # a rank not saying it: 0
+
+
 def test_a_loads_answer_that_is_no_document_is_asked_again_and_a_missing_route_is_not() -> None:
     load = json.loads(_text("sglang-0.5.23/v1_loads_load.json"))
     sglang = _Server(

@@ -29,6 +29,14 @@ def test_dcgm_reading_is_the_tightest_gpu() -> None:
     assert parse_dcgm("# TYPE x gauge\nx 1\n") is None
 
 
+@pytest.mark.parametrize("odd", ["NaN", "+Inf", "-Inf", "-5"])
+def test_a_dcgm_value_that_is_no_memory_size_is_not_read_and_the_other_gpus_are(odd: str) -> None:
+    """An infinite one raised OverflowError at every tick (the lane ran unsteered all run); a
+    negative one read as the tightest GPU, an OOM back-off at every tick."""
+    text = DCGM.replace('modelName="NVIDIA H200"} 1200', f'modelName="NVIDIA H200"}} {odd}')
+    assert parse_dcgm(text) == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
+
+
 def test_tightest_of_nvml_readings() -> None:
     assert tightest([(5, 10), (2, 10), (7, 10)]) == VramSample(2, 10)
     assert tightest([]) is None
