@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,6 +17,9 @@ from flows.report.live import run_progress
 from flows.report.status import RunStatus
 from flows.report.summary import report_name
 from flows.run.session import RunSession
+
+SHOWN_REASONS = 20
+"""Reject reasons a category shows in ``datagen status``; the rest are summed in one row."""
 
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs and pipes
 answer = Console(soft_wrap=True)
@@ -119,7 +123,7 @@ def print_status(status: RunStatus, out: Console = console) -> None:
             f"[bold red]{status.repeated_rows} rows repeat an id already written[/] (two processes wrote "
             "one part, or parts of different splits): `datagen export` keeps one row per id"
         )
-    reasons = [(c.name, reason, n) for c in status.categories for reason, n in c.reject_reasons.most_common()]
+    reasons = [(c.name, reason, n) for c in status.categories for reason, n in _top_reasons(c.reject_reasons)]
     if reasons:
         table = Table(title="rejects by reason")
         for column in ("category", "reason", "count"):
@@ -127,6 +131,16 @@ def print_status(status: RunStatus, out: Console = console) -> None:
         for name, reason, n in reasons:
             table.add_row(name, Text(reason), str(n))  # a reason quotes prompts and servers: not markup
         out.print(table)
+
+
+def _top_reasons(reasons: Counter[str]) -> list[tuple[str, int]]:
+    """The ``SHOWN_REASONS`` commonest reasons, and the rest as one row: servers word each reject with
+    its prompt's numbers, and a table of thousands of one-off reasons hid the ones that matter."""
+    top = reasons.most_common(SHOWN_REASONS)
+    rest = reasons.total() - sum(n for _, n in top)
+    if not rest:
+        return top
+    return [*top, (f"{len(reasons) - len(top)} other reasons (each in the rejects table)", rest)]
 
 
 def print_summary(summary: dict[str, Any], status: RunStatus) -> None:

@@ -36,6 +36,10 @@ class RunAborted(RuntimeError):
     """The endpoint refuses every request (bad key, unknown model): stop, reject nothing."""
 
 
+MAX_REJECT_REASONS = 50
+OTHER_REASONS = "other reasons (each in the rejects table)"
+
+
 @dataclass
 class Tally:
     """Live counters of one category, read by the progress display and the Prefect artifact."""
@@ -60,8 +64,14 @@ class Tally:
         return self.flags[TRUNCATED]
 
     def count_reject(self, reason: str) -> None:
+        """Counted by its reason, the first ``MAX_REJECT_REASONS`` reasons apart and the rest as one:
+        servers word reasons with each prompt's numbers (``maximum context length of 8192 tokens. You
+        requested a total of 9131 tokens``), and a week of such rejects grew one entry each, in memory,
+        in every refresh of the Prefect card and in the summary (the rejects table keeps every one)."""
         self.rejects += 1
-        self.reject_reasons[reason] = self.reject_reasons.get(reason, 0) + 1
+        known = reason in self.reject_reasons or len(self.reject_reasons) < MAX_REJECT_REASONS
+        key = reason if known else OTHER_REASONS
+        self.reject_reasons[key] = self.reject_reasons.get(key, 0) + 1
 
 
 @dataclass
