@@ -37,6 +37,7 @@ from prefect.states import Completed
 from pydantic import ValidationError
 
 from flows.config import RunConfig, load_config
+from flows.orchestration.zombies import HEARTBEAT_ENV, HEARTBEAT_S
 from flows.report.status import RunStatus, run_status
 from flows.runner import execute
 from flows.store.parts import Part
@@ -172,8 +173,12 @@ async def _deployment(
         "part": None if part is None else str(part),
     }
     # a process worker starts flow runs in a temporary directory unless told: a relative
-    # `output_dir` must mean what it means to `datagen run` here
-    job_variables = {"working_dir": str(Path.cwd())} if pool else None
+    # `output_dir` must mean what it means to `datagen run` here. Its firings get the worker's
+    # environment, where Prefect's default heartbeat (180 s) is slower than the dead-run automation
+    # expects (``zombies.py``): the heartbeat goes with the deployment, or live firings are Crashed
+    job_variables = (
+        {"working_dir": str(Path.cwd()), "env": {HEARTBEAT_ENV: str(HEARTBEAT_S)}} if pool else None
+    )
     # a firing due while the previous one still runs is Cancelled by the server before any process
     # starts: firings every few minutes of a run of days would otherwise pile up as processes, each
     # only to find the lock taken (or, with fresh names, to compete for the same servers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 from pipeline_support import write_config, write_prompts
@@ -15,6 +16,7 @@ from flows.cli.main import app
 from flows.config import RunConfig
 from flows.orchestration import deploy
 from flows.orchestration.deploy import Schedule, _deployment, fire, fresh_run_name
+from flows.orchestration.zombies import HEARTBEAT_ENV, MISSED_HEARTBEATS, zombie_automation
 from flows.report.status import RunStatus, run_status
 from flows.store.parts import Part
 from flows.store.run_lock import RunLock
@@ -138,3 +140,29 @@ async def test_a_part_firing_counts_its_own_rows_not_those_other_parts_wrote_mea
     )
     assert await fire_part() == "run split now has 5 rows and 0 rejects (+2 rows in this firing)"
     assert await fire_part() == "nothing left to do: run split has 6 rows and 0 rejects"
+
+
+async def test_a_firing_on_a_work_pool_sends_heartbeats_as_often_as_the_dead_run_automation_expects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker started as the README says (`prefect worker start --pool NAME`, no datagen settings in
+    its environment) starts each firing with the environment the deployment's job variables give it.
+    Without the heartbeat there, a firing beat at Prefect's default (every 180 s) and the automation,
+    which expects a beat within 90 s, marked the live firing and its subflows Crashed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.workers.process import ProcessJobConfiguration, ProcessWorker
+
+    monkeypatch.delenv(HEARTBEAT_ENV, raising=False)
+    deployment = await _deployment(_config(tmp_path), Schedule(interval_s=60), "d", False, "pool")
+    nowhere = {PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}  # nothing to look up there
+    with temporary_settings(updates=nowhere, restore_defaults={PREFECT_FLOWS_HEARTBEAT_FREQUENCY}):
+        job = await ProcessJobConfiguration.from_template_and_values(
+            ProcessWorker.get_default_base_job_template(), deployment.job_variables or {}, client=get_client()
+        )
+        job.prepare_for_flow_run(FlowRun(flow_id=uuid4()))
+        beat_s = int(job.env.get(HEARTBEAT_ENV) or PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value())
+    expected_within = zombie_automation().trigger.within  # type: ignore[union-attr]
+    assert beat_s * MISSED_HEARTBEATS <= expected_within.total_seconds()
+    assert job.working_dir == Path.cwd()  # the other job variable kept
