@@ -97,9 +97,10 @@ def _written_by(status: RunStatus, part: Part | None) -> tuple[int, int]:
 
 
 def _settled(config: RunConfig, part: Part | None) -> tuple[int, int]:
-    """``_written_by`` on disk before a firing (0, 0 for a run not started yet)."""
+    """``_written_by`` on disk before a firing (0, 0 for a run not started yet), read where the firing
+    writes: the run's location (a bucket's, for an ``output_dir`` URL), not its local folder."""
     try:
-        status = run_status(config.run_dir)
+        status = run_status(config.run_location)
     except FileNotFoundError:  # no manifest yet
         return (0, 0)
     return _written_by(status, part)

@@ -166,3 +166,44 @@ async def test_a_firing_on_a_work_pool_sends_heartbeats_as_often_as_the_dead_run
     expected_within = zombie_automation().trigger.within  # type: ignore[union-attr]
     assert beat_s * MISSED_HEARTBEATS <= expected_within.total_seconds()
     assert job.working_dir == Path.cwd()  # the other job variable kept
+
+
+async def test_a_firing_of_a_run_in_an_object_store_counts_what_it_added_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`output_dir` a URL: the rows are in the bucket, the run's local folder holds only its lock and
+    logs. Counted from the local folder, the rows before a firing were none: every firing said it
+    added the whole run ("+4 rows"), and "nothing left to do" was never said, firing after firing."""
+    source = tmp_path / "p.jsonl"
+    write_prompts(source, 5)
+    config = write_config(
+        tmp_path / "c.toml", name="run", output_dir=tmp_path, url="http://127.0.0.1:9", source=source
+    )
+    output_dir = f"memory://deploy-{uuid4().hex}"  # fsspec's in-process file system: a bucket
+    config.write_text(
+        config.read_text().replace(
+            f'output_dir = "{tmp_path}"', f'output_dir = "{output_dir}"\nlocal_dir = "{tmp_path / "local"}"'
+        )
+    )
+    store = RunStore(f"{output_dir}/run")
+    store.open_run("fp", {"categories": [{"name": "chat"}]})
+
+    def write(ids: list[str]) -> None:
+        rows = store.row_writer("chat", flush_rows=10, flush_seconds=60)
+        for rid in ids:
+            rows.add({**_row(rid), "category": "chat"})
+        rows.flush()
+
+    write(["a", "b", "c"])  # earlier firings
+    fired = iter([["d"], []])
+
+    async def execute(config: RunConfig, *, part: Part | None = None) -> RunStatus:
+        write(next(fired))
+        return run_status(config.run_location)
+
+    monkeypatch.setattr(deploy, "execute", execute)
+    fire_run = functools.partial(
+        fire, config, fresh_run_names=False, scheduled=datetime.now(UTC), say=lambda line: None
+    )
+    assert await fire_run() == "run run now has 4 rows and 0 rejects (+1 rows in this firing)"
+    assert await fire_run() == "nothing left to do: run run has 4 rows and 0 rejects"
