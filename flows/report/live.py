@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -183,7 +184,7 @@ def category_table(
         ("retried attempts", tally.retried_attempts),
     ]
     rows += [(f"finish: {reason}", n) for reason, n in sorted(tally.finish_reasons.items())]
-    rows += [(f"reject: {reason}", n) for reason, n in sorted(tally.reject_reasons.items())]
+    rows += _reason_rows("reject", tally.reject_reasons)
     if disk is not None:
         rows += [
             ("rows on disk (all starts)", disk.rows),
@@ -191,8 +192,24 @@ def category_table(
             ("rejects on disk (standing)", disk.rejects),
             ("output tokens on disk", disk.completion_tokens),
         ]
-        rows += [(f"on disk: {reason}", n) for reason, n in sorted(disk.reject_reasons.items())]
+        rows += _reason_rows("on disk", disk.reject_reasons)
     return [{"metric": metric, "value": str(value)} for metric, value in rows]
+
+
+TABLE_REASONS = 10
+"""Reject reasons a category's card lists: a server's refusal quotes the prompt's own numbers ("you
+requested 5123 tokens"), so a week of long prompts is thousands of distinct reasons, and the whole
+table goes to the API every few seconds. Every reason is in the rejects files and `datagen status`."""
+
+
+def _reason_rows(label: str, reasons: Mapping[str, int]) -> list[tuple[str, Any]]:
+    """The ``TABLE_REASONS`` commonest reasons, then one row summing up the others."""
+    ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
+    rows: list[tuple[str, Any]] = [(f"{label}: {reason}", n) for reason, n in ranked[:TABLE_REASONS]]
+    rest = ranked[TABLE_REASONS:]
+    if rest:
+        rows.append((f"{label}: {len(rest)} other reasons", sum(n for _, n in rest)))
+    return rows
 
 
 def endpoint_table(session: RunSession) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -10,7 +11,7 @@ from test_status import _run_dir
 from typer.testing import CliRunner
 
 from flows.cli.main import app
-from flows.report.live import Rates, RunEvents, run_progress
+from flows.report.live import TABLE_REASONS, Rates, RunEvents, category_table, run_progress
 from flows.run.prompt_stream import StreamCounts
 from flows.run.pump import Tally
 from prompts.readers import count_rows
@@ -130,3 +131,33 @@ def test_the_terminal_bar_ends_at_its_total_for_a_part_and_with_rejects() -> Non
             display.stop()
         task = display.progress.tasks[0]
         assert task.completed == task.total == yielded
+
+
+def test_a_category_card_lists_the_commonest_reject_reasons_and_sums_up_the_rest() -> None:
+    """A server's refusal quotes the prompt's own numbers ("... you requested 5123 tokens"): a week of
+    long prompts is thousands of distinct reasons, and the card had a row for each, the whole table
+    sent to the API every 3 s. The counts still add up to the rejects."""
+    session = _session(None, exhausted=False, yielded=3050, rows=0, rejects=0, before=0)
+    session.elapsed_s = lambda: 10.0
+    tally = session.categories.runs["c"].sink.tally
+    for i in range(3000):
+        tally.count_reject(f"the context is 4096 tokens; you requested {4097 + i}")
+    for _ in range(50):
+        tally.count_reject("503 server busy")
+    disk = SimpleNamespace(
+        rows=0,
+        training_rows=0,
+        rejects=3050,
+        completion_tokens=0,
+        reject_reasons=Counter(tally.reject_reasons),
+    )
+    table = category_table(session, "c", disk=disk)
+    for prefix in ("reject: ", "on disk: "):
+        reasons = [row for row in table if row["metric"].startswith(prefix)]
+        assert len(reasons) == TABLE_REASONS + 1
+        assert reasons[0] == {"metric": prefix + "503 server busy", "value": "50"}
+        assert reasons[-1] == {
+            "metric": prefix + f"{3001 - TABLE_REASONS} other reasons",
+            "value": str(3001 - TABLE_REASONS),
+        }
+        assert sum(int(row["value"]) for row in reasons) == 3050
