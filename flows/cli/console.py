@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -14,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flows.report.live import run_progress
-from flows.report.status import RunStatus
+from flows.report.status import RunStatus, commonest_reasons
 from flows.report.summary import report_name
 from flows.run.session import RunSession
 
@@ -123,7 +122,11 @@ def print_status(status: RunStatus, out: Console = console) -> None:
             f"[bold red]{status.repeated_rows} rows repeat an id already written[/] (two processes wrote "
             "one part, or parts of different splits): `datagen export` keeps one row per id"
         )
-    reasons = [(c.name, reason, n) for c in status.categories for reason, n in _top_reasons(c.reject_reasons)]
+    reasons = [
+        (c.name, reason, n)
+        for c in status.categories
+        for reason, n in commonest_reasons(c.reject_reasons, SHOWN_REASONS)
+    ]
     if reasons:
         table = Table(title="rejects by reason")
         for column in ("category", "reason", "count"):
@@ -131,16 +134,6 @@ def print_status(status: RunStatus, out: Console = console) -> None:
         for name, reason, n in reasons:
             table.add_row(name, Text(reason), str(n))  # a reason quotes prompts and servers: not markup
         out.print(table)
-
-
-def _top_reasons(reasons: Counter[str]) -> list[tuple[str, int]]:
-    """The ``SHOWN_REASONS`` commonest reasons, and the rest as one row: servers word each reject with
-    its prompt's numbers, and a table of thousands of one-off reasons hid the ones that matter."""
-    top = reasons.most_common(SHOWN_REASONS)
-    rest = reasons.total() - sum(n for _, n in top)
-    if not rest:
-        return top
-    return [*top, (f"{len(reasons) - len(top)} other reasons (each in the rejects table)", rest)]
 
 
 def print_summary(summary: dict[str, Any], status: RunStatus) -> None:

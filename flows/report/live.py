@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from flows.report.status import commonest_reasons
+
 if TYPE_CHECKING:
     from flows.report.status import CategoryStatus
     from flows.run.categories import CategoryRun
@@ -203,13 +205,7 @@ table goes to the API every few seconds. Every reason is in the rejects files an
 
 
 def _reason_rows(label: str, reasons: Mapping[str, int]) -> list[tuple[str, Any]]:
-    """The ``TABLE_REASONS`` commonest reasons, then one row summing up the others."""
-    ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
-    rows: list[tuple[str, Any]] = [(f"{label}: {reason}", n) for reason, n in ranked[:TABLE_REASONS]]
-    rest = ranked[TABLE_REASONS:]
-    if rest:
-        rows.append((f"{label}: {len(rest)} other reasons", sum(n for _, n in rest)))
-    return rows
+    return [(f"{label}: {reason}", n) for reason, n in commonest_reasons(reasons, TABLE_REASONS)]
 
 
 def endpoint_table(session: RunSession) -> list[dict[str, Any]]:

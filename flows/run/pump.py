@@ -22,6 +22,7 @@ from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
 from flows.control.demand import CategoryDemand
 from flows.control.limiter import GateClosed, Lane, Limiter
+from flows.report.status import OTHER_REASONS
 from flows.run.prompt_stream import Ask, Reject
 from flows.run.quality import TRUNCATED
 from flows.run.regen import regenerate
@@ -36,8 +37,7 @@ class RunAborted(RuntimeError):
     """The endpoint refuses every request (bad key, unknown model): stop, reject nothing."""
 
 
-MAX_REJECT_REASONS = 50
-OTHER_REASONS = "other reasons (each in the rejects table)"
+MAX_REJECT_REASONS = 200
 
 
 @dataclass
@@ -64,14 +64,24 @@ class Tally:
         return self.flags[TRUNCATED]
 
     def count_reject(self, reason: str) -> None:
-        """Counted by its reason, the first ``MAX_REJECT_REASONS`` reasons apart and the rest as one:
-        servers word reasons with each prompt's numbers (``maximum context length of 8192 tokens. You
-        requested a total of 9131 tokens``), and a week of such rejects grew one entry each, in memory,
-        in every refresh of the Prefect card and in the summary (the rejects table keeps every one)."""
+        """Counted by its reason, at most ``MAX_REJECT_REASONS`` reasons apart: servers word reasons
+        with each prompt's numbers (``maximum context length of 8192 tokens. You requested a total of
+        9131 tokens``), and a week of such rejects grew one entry each, in memory, in every refresh
+        of the Prefect card and in the summary (the rejects table keeps every one). When full, the
+        less common half is summed as ``OTHER_REASONS``, so a reason that starts late (the server
+        busy at the end of a week of long prompts) is still counted apart."""
         self.rejects += 1
-        known = reason in self.reject_reasons or len(self.reject_reasons) < MAX_REJECT_REASONS
-        key = reason if known else OTHER_REASONS
-        self.reject_reasons[key] = self.reject_reasons.get(key, 0) + 1
+        if reason not in self.reject_reasons and len(self.reject_reasons) >= MAX_REJECT_REASONS:
+            self._lump_the_less_common_half()
+        self.reject_reasons[reason] = self.reject_reasons.get(reason, 0) + 1
+
+    def _lump_the_less_common_half(self) -> None:
+        counts = self.reject_reasons
+        other = counts.pop(OTHER_REASONS, 0)
+        ranked = sorted(counts.items(), key=lambda item: -item[1])
+        kept = ranked[: MAX_REJECT_REASONS // 2]
+        other += sum(n for _, n in ranked[len(kept) :])
+        self.reject_reasons = {**dict(kept), OTHER_REASONS: other}
 
 
 @dataclass
