@@ -104,15 +104,16 @@ def read_gpus(proc_root: Path = Path("/proc")) -> GpuSnapshot:
     )
 
 
-def read_memory() -> list[tuple[int, int]]:
-    """(free, total) bytes of every GPU: the light reading a controller can take every second."""
+def read_memory(indices: Collection[int] | None = None) -> list[tuple[int, int]]:
+    """(free, total) bytes of the GPUs ``indices`` names, or of every GPU: the light reading a
+    controller can take every second (a server's controller reads its server's GPUs only)."""
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise GpuUnavailableError(f"cannot read NVIDIA GPUs through NVML: {exc}") from exc
     try:
         readings = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
+        for index in range(pynvml.nvmlDeviceGetCount()) if indices is None else sorted(indices):
             mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
             readings.append((int(mem.free), int(mem.total)))
     except pynvml.NVMLError as exc:

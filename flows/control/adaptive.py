@@ -253,6 +253,9 @@ class Decision:
     budget_tokens: float | None = None
     """The modelled KV tokens the outlook may reach (``peak_kv`` of the pool at the learned
     occupancy): the lane works its credit out again from this when a request ends."""
+    restarted: bool = False
+    """The server restarted since the last tick (rule 1), also while it is still down: its
+    processes are new, so the controller finds again which GPUs its OOM guard reads."""
 
 
 @dataclass
@@ -335,6 +338,7 @@ class AdaptiveLimit:
             output_spread=obs.output_spread,
             pace_per_s=pace,
             pace_burst=burst,
+            restarted=restarted,
         )
 
     # -- the rules --------------------------------------------------------------------------------

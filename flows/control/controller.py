@@ -162,6 +162,8 @@ class EndpointController:
             total_vram_bytes=memory.total_bytes if memory else None,
         )
         decision = self.law.observe(observation)
+        if decision.restarted and self.vram is not None:
+            self.vram.relocate()
         self.lane.pacer.set(decision.pace_per_s, decision.pace_burst, time.monotonic())
         self.lane.set_credit(decision.credit)
         self.lane.budget_tokens = decision.budget_tokens

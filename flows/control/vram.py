@@ -5,6 +5,11 @@ else is eating the headroom SGLang's activations need (then fewer requests in fl
 means the server let go of its pool (it died or restarts). Read through NVML for GPUs on this
 machine, or from a DCGM exporter's ``DCGM_FI_DEV_FB_FREE`` for a remote server. The tightest GPU
 counts: one GPU out of memory stops a tensor-parallel server.
+
+Only the server's own GPUs count where they can be known: through NVML, those whose compute
+processes belong to the process tree listening on the endpoint's port. Read over every GPU of the
+node, another job's full GPU backed a server off at every tick, one of eight servers (one per GPU)
+out of memory backed off all eight, and the full GPU hid the server's own memory being let go.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import urllib.parse
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_launch.gpu import GpuUnavailableError, read_memory
+from sglang_launch.gpu import GpuUnavailableError, read_gpus, read_memory
+from sglang_launch.port_owner import PROC, serving_processes
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -57,15 +65,58 @@ def parse_dcgm(text: str) -> VramSample | None:
     return tightest(readings)
 
 
-class VramReader:
-    """``nvml`` (GPUs on this machine) or a DCGM exporter URL; a source that fails warns once, reads None."""
+def server_gpus(port: int, proc_root: Path = PROC) -> tuple[frozenset[int] | None, str]:
+    """The GPUs whose NVML compute processes belong to the process tree listening on ``port`` (a
+    server's schedulers are children of its HTTP server), or None and why they cannot be known.
 
-    def __init__(self, source: str, *, timeout_s: float = 2.0) -> None:
+    Raises :class:`GpuUnavailableError` when NVML cannot be read."""
+    pids = serving_processes(port, proc_root)
+    if not pids:
+        return None, f"no process seen listening on port {port} (another user's, or another container's)"
+    snapshot = read_gpus(proc_root)
+    if not snapshot.has_process_info:
+        return None, "NVML does not list every GPU's processes (vGPU or MIG)"
+    gpus = frozenset(gpu.index for gpu in snapshot.gpus if any(p.pid in pids for p in gpu.processes))
+    if not gpus:
+        return None, (
+            f"NVML lists none of the {len(pids)} processes under the listener on port {port} on a GPU "
+            "(in a container, its PID namespace hides them)"
+        )
+    return gpus, f"those of the processes under the listener on port {port}"
+
+
+class VramReader:
+    """``nvml`` (GPUs on this machine) or a DCGM exporter URL; a source that fails warns once, reads None.
+
+    NVML reads the GPUs of the server at ``server_url`` (see ``server_gpus``), found at the first
+    reading and again at the first after ``relocate``: finding them walks /proc and lists every
+    GPU's processes, too heavy for every tick. Where they cannot be found it reads every GPU."""
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        timeout_s: float = 2.0,
+        server_url: str | None = None,
+        proc_root: Path = PROC,
+    ) -> None:
         self.source = source
+        self.server_url = server_url
+        self.proc_root = proc_root
         self._http = httpx.AsyncClient(timeout=timeout_s) if source != "nvml" else None
         self._warned = False
         self._nvml: asyncio.Future[list[tuple[int, int]]] | None = None
         """The NVML reading under way: one at a time (see ``_read_nvml``)."""
+        self.gpus: frozenset[int] | None = None
+        """The GPUs NVML reads: the server's own once found; None reads every GPU."""
+        self._find_gpus = False
+        """Find the server's GPUs before the next NVML reading: at the first, and after a restart."""
+        self.relocate()
+
+    def relocate(self) -> None:
+        """Find the server's GPUs before the next reading (again, after a restart: the server's
+        processes are new, and may run on other GPUs)."""
+        self._find_gpus = self._http is None and self.server_url is not None
 
     async def read(self) -> VramSample | None:
         try:
@@ -87,9 +138,40 @@ class VramReader:
         included. So a caller that gave up leaves the reading under way, and the next one waits
         for that same reading."""
         if self._nvml is None or self._nvml.done():
-            self._nvml = asyncio.ensure_future(asyncio.to_thread(read_memory))
+            self._nvml = asyncio.ensure_future(asyncio.to_thread(self._nvml_reading))
         return await asyncio.shield(self._nvml)
+
+    def _nvml_reading(self) -> list[tuple[int, int]]:
+        """In the worker thread: the server's GPUs found first when due (a reading that waits
+        for them is bounded by the controller's deadline like any other), then their memory."""
+        if self._find_gpus and self.server_url is not None:
+            self._find_gpus = False
+            self._locate(self.server_url)
+        return read_memory(self.gpus)
+
+    def _locate(self, server_url: str) -> None:
+        """Set ``gpus`` to the server's, with one line in the log saying which. A restarted server
+        not found (not listening yet) keeps the GPUs it was found on: the same command starts it
+        again on the same GPUs, and reading every GPU meanwhile would make one back-off per tick of
+        another job's full GPU, or a jump up a false restart."""
+        url = urllib.parse.urlsplit(server_url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            gpus, why = server_gpus(port, self.proc_root)
+        except GpuUnavailableError as error:
+            gpus, why = None, str(error)
+        if gpus is not None:
+            self.gpus = gpus
+            log.info("%s: the OOM guard reads GPU %s, %s", server_url, _indices(gpus), why)
+        elif self.gpus is not None:
+            log.info("%s: the OOM guard still reads GPU %s: %s", server_url, _indices(self.gpus), why)
+        else:
+            log.info("%s: the OOM guard reads every GPU of this machine: %s", server_url, why)
 
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
+
+
+def _indices(gpus: frozenset[int]) -> str:
+    return ",".join(str(index) for index in sorted(gpus))

@@ -51,13 +51,14 @@ def nvml_works() -> bool:
 
 
 def vram_reader(setting: str, url: str) -> VramReader | None:
-    """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly)."""
+    """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly).
+    NVML reads the GPUs of the server listening on ``url``'s port (``VramReader``), not the node's."""
     if setting == "off":
         return None
     if setting == "auto":
         local = urllib.parse.urlsplit(url).hostname in LOCAL_HOSTS
-        return VramReader("nvml") if local and nvml_works() else None
-    return VramReader(setting)
+        return VramReader("nvml", server_url=url) if local and nvml_works() else None
+    return VramReader(setting, server_url=url)
 
 
 class Control:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pynvml
 import pytest
 
 from flows.control import vram as vram_module
 from flows.control import wiring
+from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
 from flows.control.vram import MIB, VramReader, VramSample, parse_dcgm, tightest
+from sglang_launch import port_owner
 from sglang_launch.gpu import GpuUnavailableError
 
 DCGM = """# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
@@ -45,11 +54,11 @@ def test_tightest_of_nvml_readings() -> None:
 async def test_nvml_reader_reads_and_a_broken_source_warns_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(vram_module, "read_memory", lambda: [(3 << 30, 80 << 30), (1 << 30, 80 << 30)])
+    monkeypatch.setattr(vram_module, "read_memory", lambda gpus: [(3 << 30, 80 << 30), (1 << 30, 80 << 30)])
     reader = VramReader("nvml")
     assert await reader.read() == VramSample(1 << 30, 80 << 30)
 
-    def broken() -> list[tuple[int, int]]:
+    def broken(gpus: object) -> list[tuple[int, int]]:
         raise GpuUnavailableError("no driver")
 
     monkeypatch.setattr(vram_module, "read_memory", broken)
@@ -72,3 +81,191 @@ def test_auto_uses_nvml_only_for_a_local_server_on_a_machine_with_gpus(
     assert dcgm is not None and dcgm.source.endswith("/metrics")
     monkeypatch.setattr(wiring, "nvml_works", lambda: False)
     assert wiring.vram_reader("auto", "http://127.0.0.1:30000") is None  # no GPU here: quietly no guard
+
+
+GIB = 1 << 30
+GPU_TOTAL = 80 * GIB
+
+
+class FakeGpus:
+    """The pynvml calls of ``sglang_launch.gpu`` answered for GPUs given as index -> (free GiB, the
+    pids NVML lists as its compute processes); ``free`` may be changed between readings."""
+
+    def __init__(self, gpus: dict[int, tuple[float, list[int]]]) -> None:
+        self.free = {index: int(free * GIB) for index, (free, _) in gpus.items()}
+        self.pids = {index: pids for index, (_, pids) in gpus.items()}
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def memory(index: int) -> SimpleNamespace:
+            free = self.free[index]
+            return SimpleNamespace(free=free, total=GPU_TOTAL, used=GPU_TOTAL - free)
+
+        def compute(index: int) -> list[SimpleNamespace]:
+            return [SimpleNamespace(pid=pid, usedGpuMemory=GIB) for pid in self.pids[index]]
+
+        for name, answer in {
+            "nvmlInit": lambda: None,
+            "nvmlShutdown": lambda: None,
+            "nvmlSystemGetDriverVersion": lambda: "570.86.15",
+            "nvmlDeviceGetCount": lambda: len(self.free),
+            "nvmlDeviceGetHandleByIndex": lambda index: index,
+            "nvmlDeviceGetMemoryInfo": memory,
+            "nvmlDeviceGetName": lambda index: "NVIDIA H100 80GB HBM3",
+            "nvmlDeviceGetComputeRunningProcesses": compute,
+            "nvmlDeviceGetGraphicsRunningProcesses": lambda index: [],
+        }.items():
+            monkeypatch.setattr(pynvml, name, answer)
+
+
+def _observation(at: float, memory: VramSample | None) -> Observation:
+    return Observation(
+        at=at,
+        server=None,
+        in_flight=40,
+        waiting=10,
+        outlook=None,
+        completions_per_s=5.0,
+        free_vram_bytes=memory.free_bytes if memory else None,
+        total_vram_bytes=memory.total_bytes if memory else None,
+    )
+
+
+async def test_a_local_servers_oom_guard_reads_its_own_gpus_not_another_jobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server listening on the endpoint's port (this test's process) computes on GPU 0; another
+    job (not of its process tree) fills GPU 1. Read over every GPU, GPU 1 backed the server off at
+    every tick, and hid the server's own memory being let go (the restart detector)."""
+    gpus = FakeGpus({0: (20, [os.getpid()]), 1: (0.5, [os.getppid()])})
+    gpus.install(monkeypatch)
+    monkeypatch.setattr(wiring, "nvml_works", lambda: True)
+    law = AdaptiveLimit(LawSettings(initial_limit=40, min_free_vram_bytes=GIB))
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        reader = wiring.vram_reader("auto", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        assert reader is not None
+        try:
+            calm = law.observe(_observation(0, await reader.read()))
+            assert calm.free_vram_bytes == 20 * GIB and "OOM guard" not in calm.reason
+            gpus.free[0] = 79 * GIB  # the server died: its pool is let go
+            released = law.observe(_observation(1, await reader.read()))
+            assert "restart detected" in released.reason
+        finally:
+            await reader.aclose()
+
+
+SERVER_A, SCHEDULERS_A = 100, (101, 102)  # tp 2 on GPUs 0 and 1, listening on 30000 (IPv4)
+SERVER_B, SCHEDULER_B = 200, 201  # tp 1 on GPU 2, listening on 30001 (IPv6)
+TRAINER, CLIENT = 300, 400  # another job on GPU 3; a client connected to 30000
+
+
+def fake_proc(root: Path, *, listening: bool = True) -> Path:
+    """A /proc of two servers, their schedulers (children), a training job and a client, with the
+    TCP tables that say who listens where."""
+    parents = {SERVER_A: 1, **dict.fromkeys(SCHEDULERS_A, SERVER_A), SERVER_B: 1, SCHEDULER_B: SERVER_B}
+    parents |= {TRAINER: 1, CLIENT: 1}
+    sockets = {SERVER_A: 7001, SERVER_B: 7002, CLIENT: 7003}
+    for pid, parent in parents.items():
+        (root / str(pid) / "fd").mkdir(parents=True)
+        (root / str(pid) / "stat").write_text(f"{pid} (sglang::sch (tp) 0) S {parent} {pid} {pid} 0\n")
+        (root / str(pid) / "fd" / "0").symlink_to("/dev/null")
+        if pid in sockets:
+            (root / str(pid) / "fd" / "5").symlink_to(f"socket:[{sockets[pid]}]")
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt uid timeout inode\n"
+    rest = "00000000:00000000 00:00000000 00000000  1000 0"
+    (root / "net").mkdir()
+    tcp = [f"   1: 0100007F:A3C4 0100007F:7530 01 {rest} 7003 1\n"]  # the client's end, not listening
+    tcp6 = []
+    if listening:
+        tcp.append(f"   0: 00000000:7530 00000000:0000 0A {rest} 7001 1\n")
+        tcp6.append(f"   0: {'0' * 32}:7531 {'0' * 32}:0000 0A {rest} 7002 1\n")
+    (root / "net" / "tcp").write_text(header + "".join(tcp))
+    (root / "net" / "tcp6").write_text(header + "".join(tcp6))
+    return root
+
+
+def busy_node() -> FakeGpus:
+    """GPUs 0-1: server A's, room; GPU 2: server B's, nearly full; GPU 3: the training job's, full."""
+    return FakeGpus(
+        {
+            0: (12, [SCHEDULERS_A[0]]),
+            1: (10, [SCHEDULERS_A[1]]),
+            2: (0.4, [SCHEDULER_B]),
+            3: (0.2, [TRAINER]),
+        }
+    )
+
+
+def test_the_processes_serving_a_port_are_its_listener_and_all_below_it(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path)
+    assert port_owner.listening_inodes(30000, proc) == {7001}  # not the client's connection to it
+    assert port_owner.listening_inodes(30001, proc) == {7002}  # IPv6
+    assert port_owner.serving_processes(30000, proc) == {SERVER_A, *SCHEDULERS_A}
+    assert port_owner.serving_processes(30001, proc) == {SERVER_B, SCHEDULER_B}
+    assert port_owner.serving_processes(30002, proc) == set()
+
+
+async def test_each_servers_oom_guard_reads_its_own_gpus_and_says_which_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    busy_node().install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    proc = fake_proc(tmp_path)
+    a = VramReader("nvml", server_url="http://127.0.0.1:30000", proc_root=proc)
+    b = VramReader("nvml", server_url="http://localhost:30001/v1", proc_root=proc)
+    for _ in range(3):
+        assert await a.read() == VramSample(10 * GIB, GPU_TOTAL)  # not B's GPU, nor the trainer's
+        assert await b.read() == VramSample(int(0.4 * GIB), GPU_TOTAL)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "http://127.0.0.1:30000: the OOM guard reads GPU 0,1, those of the processes under the "
+        "listener on port 30000",
+        "http://localhost:30001/v1: the OOM guard reads GPU 2, those of the processes under the "
+        "listener on port 30001",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("port", "pids", "why"),
+    [
+        (30002, None, "no process seen listening on port 30002"),
+        (30000, [4242], "NVML lists none of the 3 processes under the listener on port 30000"),
+    ],
+)
+async def test_a_server_whose_gpus_cannot_be_found_is_guarded_by_every_gpu_as_before(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    port: int,
+    pids: list[int] | None,
+    why: str,
+) -> None:
+    """Port not served by a process we can see, or the server's pids hidden from NVML (a container's
+    PID namespace: NVML lists the host's pids): the tightest GPU of the node, and one line why."""
+    gpus = busy_node()
+    if pids is not None:
+        gpus.pids = dict.fromkeys(gpus.pids, pids)
+    gpus.install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    reader = VramReader("nvml", server_url=f"http://127.0.0.1:{port}", proc_root=fake_proc(tmp_path))
+    assert await reader.read() == VramSample(int(0.2 * GIB), GPU_TOTAL)
+    assert await reader.read() == VramSample(int(0.2 * GIB), GPU_TOTAL)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "reads every GPU of this machine" in line and why in line
+
+
+async def test_after_a_restart_the_server_is_found_again_and_kept_while_it_is_not_listening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpus = busy_node()
+    gpus.install(monkeypatch)
+    reader = VramReader("nvml", server_url="http://127.0.0.1:30001", proc_root=fake_proc(tmp_path / "up"))
+    assert await reader.read() == VramSample(int(0.4 * GIB), GPU_TOTAL) and reader.gpus == {2}
+    reader.proc_root = fake_proc(tmp_path / "down", listening=False)  # it died: nobody listens
+    reader.relocate()
+    gpus.free[2] = 79 * GIB
+    assert await reader.read() == VramSample(79 * GIB, GPU_TOTAL)  # its GPU, not the trainer's
+    reader.proc_root = fake_proc(tmp_path / "again")  # started again, now on GPU 3
+    gpus.pids = {0: [SCHEDULERS_A[0]], 1: [SCHEDULERS_A[1]], 2: [TRAINER], 3: [SCHEDULER_B]}
+    assert await reader.read() == VramSample(79 * GIB, GPU_TOTAL)  # not found again at every tick
+    reader.relocate()
+    assert await reader.read() == VramSample(int(0.2 * GIB), GPU_TOTAL) and reader.gpus == {3}

@@ -83,7 +83,7 @@ async def test_a_reading_that_hangs_fails_its_tick_so_a_lane_paced_at_zero_admit
     nvml_calls = 0
     unstuck = threading.Event()
 
-    def stuck_nvml() -> list[tuple[int, int]]:
+    def stuck_nvml(gpus: object) -> list[tuple[int, int]]:
         nonlocal nvml_calls
         nvml_calls += 1
         unstuck.wait(10)  # a call that does not return while the test runs
@@ -110,3 +110,29 @@ async def test_a_reading_that_hangs_fails_its_tick_so_a_lane_paced_at_zero_admit
         await controller.aclose()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "not read within" in warnings[0].getMessage()
+
+
+async def test_a_restart_the_law_detects_has_the_oom_guard_find_the_servers_gpus_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's GPUs are found once, at the first reading, not at every tick; a restart (its
+    memory let go) has them found again: its processes are new."""
+    looked_up: list[int] = []
+    free = {0: 10 << 30}
+
+    def server_gpus(port: int, proc_root: Path) -> tuple[frozenset[int], str]:
+        looked_up.append(port)
+        return frozenset(free), "its own"
+
+    monkeypatch.setattr(vram_module, "server_gpus", server_gpus)
+    monkeypatch.setattr(vram_module, "read_memory", lambda gpus: [(free[i], 80 << 30) for i in sorted(gpus)])
+    reader = VramReader("nvml", server_url="http://127.0.0.1:9")
+    _, _, controller = _paced_at_zero(tmp_path, vram=reader)
+    for at in range(3):
+        assert not controller.tick(at, None, await reader.read()).restarted
+    assert looked_up == [9]
+    free[0] = 79 << 30  # the server let go of its pool
+    assert controller.tick(3, None, await reader.read()).restarted
+    assert not controller.tick(4, None, await reader.read()).restarted
+    assert looked_up == [9, 9]
+    await controller.aclose()
