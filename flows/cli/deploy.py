@@ -64,19 +64,20 @@ def deploy(
     api, ui = addresses
     label = name or (cfg.run.name if split is None else f"{cfg.run.name}-{split.label}")
     what = f"deployment {deployment_name(label)} ({schedule.describe()})"
-    if pool is not None:
-        try:
-            deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool, split))
-        except (httpx.HTTPError, OSError) as error:
-            fail(f"the Prefect API at {api} cannot be reached ({error}): start it (`datagen ui`)", 3)
-        console.print(f"{what} registered on work pool {pool!r} at {api}", markup=False)
-        console.print(f"UI: {ui}/deployments/deployment/{deployment_id}", markup=False)
-        console.print(
-            f"Start a worker where the project is installed: PREFECT_API_URL={api} "
-            f"uv run prefect worker start --pool {pool}",
-            markup=False,
-        )
-        return
-    console.print(f"serving {what} from this process; Ctrl-C stops it", markup=False)
-    console.print(f"UI: {ui}/deployments (its flow runs: {ui}/runs)", markup=False)
-    serve(config, schedule, label, fresh_run_names, split)
+    # registering on a pool and serving both talk to the API first: one line when it does not answer
+    try:
+        if pool is None:
+            console.print(f"serving {what} from this process; Ctrl-C stops it", markup=False)
+            console.print(f"UI: {ui}/deployments (its flow runs: {ui}/runs)", markup=False)
+            serve(config, schedule, label, fresh_run_names, split)
+            return
+        deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool, split))
+    except (httpx.HTTPError, OSError) as error:
+        fail(f"the Prefect API at {api} cannot be reached ({error}): start it (`datagen ui`)", 3)
+    console.print(f"{what} registered on work pool {pool!r} at {api}", markup=False)
+    console.print(f"UI: {ui}/deployments/deployment/{deployment_id}", markup=False)
+    console.print(
+        f"Start a worker where the project is installed: PREFECT_API_URL={api} "
+        f"uv run prefect worker start --pool {pool}",
+        markup=False,
+    )

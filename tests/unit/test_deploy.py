@@ -55,12 +55,14 @@ def test_a_cron_that_is_no_cron_is_refused_before_anything_is_served(tmp_path: P
     assert "serving" not in result.output
 
 
-def test_registering_on_a_pool_with_the_api_down_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", [["--pool", "p"], []], ids=["on a pool", "served"])
+def test_deploying_with_the_api_down_is_one_line(tmp_path: Path, where: list[str]) -> None:
+    """Registering on a pool and serving (Prefect's serve registers first) both need the API."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     config = _config(tmp_path)
     with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
-        result = CliRunner().invoke(app, ["deploy", str(config), "--interval", "60", "--pool", "p"])
+        result = CliRunner().invoke(app, ["deploy", str(config), "--interval", "60", *where])
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 3 and "cannot be reached" in result.output
 
