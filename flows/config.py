@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from flows.client.sampling import check_extra_body
 from flows.store.location import check_location, join, local_path
 from prompts.categories import WRITTEN_SOURCE, expand
 from sglang_launch.server_config import ServerConfig
@@ -66,6 +67,13 @@ class GenerationConfig(_Strict):
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool | None = None
     extra_body: dict[str, Any] | None = None
+
+    @field_validator("extra_body")
+    @classmethod
+    def _sendable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_extra_body(value)
+        return value
 
     def merged_over(self, base: GenerationConfig) -> GenerationConfig:
         """This config's set fields on top of ``base`` (category over run defaults)."""

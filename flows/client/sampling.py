@@ -7,6 +7,7 @@ always says exactly what the server was asked for (a run fingerprint can hash it
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,23 @@ _ONE_ANSWER_KEYS = frozenset({"n", "best_of"})
 """Several answers a request: only the first is read, the others paid for and thrown away."""
 
 
+def check_extra_body(extra_body: Mapping[str, Any]) -> None:
+    """Refuse what ``extra_body`` must not carry: a key the client owns, or several answers a request.
+
+    The run config validates its ``extra_body`` tables with this, so a bad one is a config error
+    before anything starts, not a failure when its category's first request is built.
+    """
+    clashes = sorted(_RESERVED_KEYS & extra_body.keys())
+    if clashes:
+        raise ValueError(f"extra_body must not set {clashes}: use the named fields instead")
+    several = sorted(k for k in _ONE_ANSWER_KEYS & extra_body.keys() if extra_body[k] != 1)
+    if several:
+        raise ValueError(
+            f"extra_body must not set {several} above 1: one answer is read per request "
+            "(the others would be paid for and lost); run the category again for more"
+        )
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Generation settings for one request; SGLang/vLLM extras ride at the top level of the body."""
@@ -44,15 +62,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        clashes = sorted(_RESERVED_KEYS & self.extra_body.keys())
-        if clashes:
-            raise ValueError(f"extra_body must not set {clashes}: use the named fields instead")
-        several = sorted(k for k in _ONE_ANSWER_KEYS & self.extra_body.keys() if self.extra_body[k] != 1)
-        if several:
-            raise ValueError(
-                f"extra_body must not set {several} above 1: one answer is read per request "
-                "(the others would be paid for and lost); run the category again for more"
-            )
+        check_extra_body(self.extra_body)
 
     def extra_fields(self) -> dict[str, Any]:
         """The non-OpenAI top-level body fields (the SDK's ``extra_body``); unset ones are left out

@@ -104,6 +104,16 @@ CASES = [
         "generation.chat_template_kwargs",
     ),
     (
+        "extra_body overriding a named field",
+        _with("generation", "extra_body = { max_tokens = 5 }"),
+        "generation.extra_body: extra_body must not set ['max_tokens']",
+    ),
+    (
+        "extra_body asking several answers",
+        GOOD + "generation = { extra_body = { n = 2 } }\n",
+        "categories[0].generation.extra_body: extra_body must not set ['n'] above 1",
+    ),
+    (
         "categories empty",
         "categories = []\n" + GOOD.split("[[categories]]")[0],
         "categories: List should have",
