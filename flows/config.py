@@ -347,6 +347,16 @@ class RunConfig(_Strict):
                 'no endpoint: add [[endpoints]] with url = "http://HOST:PORT", '
                 "or [server] launch = true to start one"
             )
+        # checked here, not when the server is started: by then the run directory is made and locked
+        if (
+            self.server is not None
+            and launching
+            and self.server.engine == "sglang"
+            and not self.server.model_path
+        ):
+            raise ValueError(
+                "[server] launch = true needs model_path (the target model: a Hub id or a directory)"
+            )
         return self
 
     def generation_for(self, category: CategoryConfig) -> GenerationConfig:

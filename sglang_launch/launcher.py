@@ -106,6 +106,11 @@ class LaunchAttempt:
         )
 
 
+class CannotLaunch(RuntimeError):
+    """Refused before any server ran (the key's variable unset, the port taken, no such interpreter):
+    no fraction can help, so it is the caller's input to fix, not a failed start."""
+
+
 class StartupFailed(RuntimeError):
     """No attempt came up; `attempts` says what each one hit."""
 
@@ -215,9 +220,9 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() signals the whole tree
             )
-        except OSError:
+        except OSError as error:
             log.close()
-            raise
+            raise CannotLaunch(f"cannot run {argv[0]}: {error.strerror}") from error
         assert self.popen.stdout is not None
         self._pump = threading.Thread(
             target=_pump,
@@ -286,7 +291,7 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise RuntimeError(f"port {host}:{port} is already in use") from exc
+            raise CannotLaunch(f"port {host}:{port} is already in use") from exc
 
 
 def read_api_key(cfg: ServerConfig) -> str | None:
@@ -295,7 +300,7 @@ def read_api_key(cfg: ServerConfig) -> str | None:
         return None
     key = os.environ.get(cfg.api_key_env)
     if not key:
-        raise RuntimeError(f"api_key_env names {cfg.api_key_env}, but that environment variable is not set")
+        raise CannotLaunch(f"api_key_env names {cfg.api_key_env}, but that environment variable is not set")
     return key
 
 

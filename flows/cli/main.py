@@ -83,7 +83,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     from flows.orchestration.link import PrefectUnavailable
     from flows.run.pipeline import SourceError
     from flows.run.pump import RunAborted
-    from sglang_launch.launcher import StartupFailed
+    from sglang_launch.launcher import CannotLaunch, StartupFailed
 
     try:
         asyncio.run(_stoppable(make))
@@ -93,6 +93,8 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"{error}. Rows of the other categories are saved; fix the source and rerun to resume.")
     except StartupFailed as error:
         fail(f"{error}. Server logs: the run directory's server-logs/ (see `datagen diagnose`).", 4)
+    except CannotLaunch as error:
+        fail(f"cannot launch the server: {error}")
     except RunAborted as error:
         fail(f"the run stopped: {error}. Rows finished so far are saved; fix it and rerun to resume.", 3)
     except PrefectUnavailable as error:

@@ -1,4 +1,5 @@
-"""Bad input to `datagen launch` and `datagen preflight`: one line and exit 2, never a traceback."""
+"""Bad input to `datagen launch`, `datagen preflight` and a launching `datagen run`: one line and exit 2,
+never a traceback."""
 
 from __future__ import annotations
 
@@ -38,6 +39,43 @@ def test_launch_with_the_key_variable_unset(tmp_path: Path, monkeypatch: pytest.
         str(tmp_path),
     ]
     assert "DATAGEN_TEST_UNSET_KEY" in _one_line([*args, "--check"])
+
+
+LAUNCHING = """
+[run]
+name = "r"
+output_dir = "{out}"
+
+[server]
+launch = true
+{server}
+
+[[categories]]
+name = "chat"
+source = "p.jsonl"
+format = "messages"
+"""
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ("", "[server] launch = true needs model_path"),
+        ('model_path = "m"\npython = "/no/such/python"', "/no/such/python"),
+        ('model_path = "m"\napi_key_env = "DATAGEN_TEST_UNSET_KEY"', "DATAGEN_TEST_UNSET_KEY"),
+    ],
+    ids=["no model_path", "no such python", "the key variable unset"],
+)
+def test_a_run_whose_server_cannot_be_launched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str, said: str
+) -> None:
+    """Nothing was started, so no fraction can help: exit 2 like `datagen launch`, not a traceback."""
+    monkeypatch.delenv("DATAGEN_TEST_UNSET_KEY", raising=False)
+    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    config = tmp_path / "run.toml"
+    config.write_text(LAUNCHING.format(out=tmp_path / "out", server=server))
+    output = _one_line(["run", str(config), "--no-prefect"])
+    assert said in output and len(output.strip().splitlines()) == 1, output
 
 
 @pytest.mark.parametrize("text", [None, "[server\nmodel_path = "])
