@@ -121,6 +121,10 @@ def _classify_foreign(exc: BaseException) -> RequestError:
     if isinstance(exc, openai.APIStatusError):
         return error_for_status(exc.status_code, _body_message(exc.body) or exc.message)
     if isinstance(exc, openai.APITimeoutError):
+        # the SDK on aiohttp wraps a refused connection as a connect timeout: say what happened
+        refused = [e for e in _chain(exc) if isinstance(e, aiohttp.ClientConnectorError)]
+        if refused:
+            return TransientRequestError(f"connection error: {_describe(refused[0])}")
         return TransientRequestError("request timed out")
     if isinstance(exc, openai.APIConnectionError):
         return TransientRequestError(f"connection error: {_describe(exc.__cause__ or exc)}")

@@ -172,6 +172,27 @@ def test_transport_failures_are_transient() -> None:
     )
 
 
+def test_a_refused_connection_says_so_not_timed_out() -> None:
+    """The SDK on aiohttp (``/v1/models``) reports a refused connection as ``APITimeoutError`` over
+    ``ConnectTimeout``: a run at a closed port said "request timed out" until it gave up."""
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 9)")
+    connector = aiohttp.ClientConnectorError(
+        aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 9, False, True, None, None, None), refused
+    )
+    timeout = httpx.ConnectTimeout(str(connector))
+    timeout.__cause__ = connector
+    wrapped = openai.APITimeoutError(request=REQUEST)
+    wrapped.__cause__ = timeout
+
+    error = classify(wrapped)
+
+    assert type(error) is TransientRequestError
+    assert error.reason.startswith(
+        "connection error: ClientConnectorError: Cannot connect to host 127.0.0.1:9"
+    )
+    assert classify(openai.APITimeoutError(request=REQUEST)).reason == "request timed out"  # a real one
+
+
 def test_invalid_response_body_is_transient() -> None:
     response: Any = httpx.Response(200, request=REQUEST, content=b"not json")
     error = classify(openai.APIResponseValidationError(response=response, body="not json"))
