@@ -1,12 +1,13 @@
 """Start a server process, wait until it serves, stop it; retry failed starts down the ladder.
 
 One process per attempt, in its own session (so the whole tree, scheduler and detokenizer included,
-can be signalled as one process group). Its output goes through a small pump thread into a log
-file in the run directory, because SGLang prints its `server_args` (API key included) at startup
-and the key must never reach the log. Readiness is `GET /health` == 200 (SGLang answers 503 while
-warming up); an attempt that exits or times out first is classified from its log by `logparse`
-and, for the memory failures, retried at another `mem_fraction_static` (the rule is in
-`ServerConfig`'s docstring, the code in `next_fraction`).
+can be signalled as one process group), recorded in the log folder while it runs, so that a start
+can stop a server that a killed run left there (`server_record.py`, `stop_orphans`). Its output
+goes through a small pump thread into a log file in the run directory, because SGLang prints its
+`server_args` (API key included) at startup and the key must never reach the log. Readiness is
+`GET /health` == 200 (SGLang answers 503 while warming up); an attempt that exits or times out
+first is classified from its log by `logparse` and, for the memory failures, retried at another
+`mem_fraction_static` (the rule is in `ServerConfig`'s docstring, the code in `next_fraction`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +32,7 @@ from sglang_launch.logparse import ServerLog, StartupFailure, parse_log
 from sglang_launch.ports import free_port
 from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
 from sglang_launch.server_config import ServerConfig
+from sglang_launch.server_record import proc_stat, read_records, record_server
 
 logger = logging.getLogger(__name__)
 
@@ -139,12 +141,71 @@ def _last_line(path: Path) -> str:
 def _group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in a process group, found through /proc."""
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                members.append(int(stat.parent.name))
+    for proc in Path("/proc").glob("[0-9]*"):
+        stat = proc_stat(int(proc.name))
+        if stat is not None and stat.pgid == pgid:
+            members.append(int(proc.name))
     return members
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _wait_gone(pgid: int, leader_running: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while leader_running() or _group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def stop_group(pgid: int, grace_s: float, leader_running: Callable[[], bool] = lambda: False) -> bool:
+    """SIGTERM to a whole process group, SIGKILL after `grace_s`; True once none of it is left.
+
+    The group is signalled even when its leader already exited, because SGLang's scheduler children
+    can outlive it. `leader_running` is for a leader that is our own child: /proc does not count its
+    zombie, but only reaping it (`Popen.poll`) frees its pid.
+    """
+    if not (leader_running() or _group_members(pgid)):
+        return True
+    _signal_group(pgid, signal.SIGTERM)
+    if _wait_gone(pgid, leader_running, grace_s):
+        return True
+    logger.warning("server pid %d ignored SIGTERM for %.0fs; sending SIGKILL", pgid, grace_s)
+    _signal_group(pgid, signal.SIGKILL)
+    if _wait_gone(pgid, leader_running, _KILL_WAIT_S):
+        return True
+    logger.error(  # stuck in the kernel (a driver, NFS): waiting longer froze Ctrl-C
+        "server pid %d did not exit even after SIGKILL (stuck in the kernel); it may still hold GPU memory: "
+        "`datagen preflight` shows what does",
+        pgid,
+    )
+    return False
+
+
+def stop_orphans(log_dir: Path, grace_s: float) -> None:
+    """Stop every server recorded in `log_dir` whose launcher was killed, before a start beside it.
+
+    Such a server still holds its share of every GPU: the start would fail for memory or get a tiny
+    KV cache. Only a process provably the recorded one is signalled (`ServerRecord.orphaned`); a
+    server whose launcher lives is left alone, as is a record of another machine. Stale records go.
+    """
+    for path, record in read_records(log_dir):
+        if record.orphaned():
+            logger.warning(
+                "stopping the SGLang server pid %d that a killed run left on port %d",
+                record.server.pid,
+                record.port,
+            )
+            if not stop_group(record.pgid, grace_s):
+                continue
+            remove_leftover_shm({Path(name) for name in record.shm_before})
+        elif not record.stale():
+            continue
+        path.unlink(missing_ok=True)
 
 
 def shm_files() -> set[Path]:
@@ -205,7 +266,7 @@ def _pump(source: IO[bytes], log: IO[bytes], secrets: list[bytes]) -> None:
 class ServerProcess:
     """One spawned server: its process group, its log pump, and its /dev/shm leftovers."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, header: str):
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, header: str, port: int):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = log_path.open("wb")
         log.write(header.encode())
@@ -232,6 +293,7 @@ class ServerProcess:
         )
         self._pump.start()
         self.log_path = log_path
+        self._record = record_server(log_path.parent, self.pid, port, redact_argv(argv), self._shm_before)
         self._stopped = False
 
     @property
@@ -241,40 +303,15 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def _wait_gone(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self.popen.poll() is None or _group_members(self.pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-
     def stop(self, grace_s: float) -> None:
-        """SIGTERM to the whole group, SIGKILL after `grace_s`; then reap, flush the log, clean shm.
+        """Stop the whole group (`stop_group`); then flush the log, clean shm, drop the record.
 
-        Idempotent. The group is signalled even when the leader already exited, because SGLang's
-        scheduler children can outlive it.
+        Idempotent. The record stays while the group is not provably gone, for the next start.
         """
         if self._stopped:
             return
-        if _group_members(self.pid) or self.alive():
-            self._signal_group(signal.SIGTERM)
-            if not self._wait_gone(grace_s):
-                logger.warning("server pid %d ignored SIGTERM for %.0fs; sending SIGKILL", self.pid, grace_s)
-                self._signal_group(signal.SIGKILL)
-                self._wait_gone(_KILL_WAIT_S)
-        try:
-            self.popen.wait(timeout=_KILL_WAIT_S)
-        except subprocess.TimeoutExpired:  # stuck in the kernel (a driver, NFS): waiting froze Ctrl-C
-            logger.error(
-                "server pid %d did not exit even after SIGKILL (stuck in the kernel); it may still hold "
-                "GPU memory: `datagen preflight` shows what does",
-                self.pid,
-            )
+        if stop_group(self.pid, grace_s, self.alive) and self._record is not None:
+            self._record.unlink(missing_ok=True)
         self._pump.join(timeout=_KILL_WAIT_S)
         remove_leftover_shm(self._shm_before)
         self._stopped = True
@@ -346,7 +383,9 @@ def _attempt(
     log_path = cfg.log_dir / f"{cfg.engine}-{port}-{stamp}-attempt{number}.log"
     _check_port_free(cfg.host, port)
     began = time.monotonic()
-    process = ServerProcess(argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg))
+    process = ServerProcess(
+        argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg), port
+    )
     try:
         outcome = wait_healthy(url, process.alive, timeout_s=cfg.startup_timeout_s, poll_s=cfg.health_poll_s)
         kv = _kv_capacity(url, log_path, api_key) if outcome == "ready" else None
@@ -472,6 +511,7 @@ def launch_with_ladder(cfg: ServerConfig) -> tuple[ServerHandle, list[LaunchAtte
 
     Raises StartupFailed (with every attempt) when no attempt serves.
     """
+    stop_orphans(cfg.log_dir, cfg.stop_grace_s)
     port = cfg.port or free_port(cfg.host)
     started, attempts = _climb(cfg, port, cfg.mem_fraction_static, 1)
     return ServerHandle(cfg, port, started, len(attempts)), attempts

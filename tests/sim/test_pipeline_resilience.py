@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import time
 from pathlib import Path
 
+from forked_runs import alive
 from pipeline_support import (
     check_run,
     children,
     datagen,
+    kill_group,
     never_flush,
     rows_on_disk,
     wait_for_rows,
@@ -88,11 +91,12 @@ async def test_a_server_restart_mid_run_costs_no_prompt(tmp_path: Path) -> None:
     assert status.rows == 600
 
 
-async def test_a_launched_server_that_dies_is_restarted_and_the_run_continues(tmp_path: Path) -> None:
+def _launching_config(tmp_path: Path, name: str, prompts: int, time_scale: float) -> Path:
+    """A run of `prompts` prompts whose only server is the simulator it launches (`[server]`)."""
     source = tmp_path / "prompts.jsonl"
-    write_prompts(source, 500)
+    write_prompts(source, prompts)
     config = write_config(
-        tmp_path / "run.toml", name="launched", output_dir=tmp_path, url="http://unused", source=source
+        tmp_path / "run.toml", name=name, output_dir=tmp_path, url="http://unused", source=source
     )
     text = config.read_text().replace('[[endpoints]]\nurl = "http://unused"\nstream = true\n', "")
     text += f"""
@@ -104,10 +108,14 @@ max_total_tokens = 16384
 context_length = 8192
 log_dir = "{tmp_path / "server-logs"}"
 startup_timeout_s = 30
-extra_args = ["--time-scale", "0.02", "--stream-interval-s", "0.02", "--log-level", "warning"]
+extra_args = ["--time-scale", "{time_scale}", "--stream-interval-s", "0.02", "--log-level", "warning"]
 """
     config.write_text(text)
-    cfg = load_config(config)
+    return config
+
+
+async def test_a_launched_server_that_dies_is_restarted_and_the_run_continues(tmp_path: Path) -> None:
+    cfg = load_config(_launching_config(tmp_path, "launched", 500, 0.02))
     run = asyncio.create_task(execute(cfg, use_prefect=False))
     await _wait_rows(tmp_path / "launched", 100)
     (server,) = children(os.getpid(), b"sglang_launch.simulator")
@@ -118,6 +126,31 @@ extra_args = ["--time-scale", "0.02", "--stream-interval-s", "0.02", "--log-leve
     assert status.rows == 500
     assert len(list((tmp_path / "server-logs").iterdir())) >= 2  # first start + the restart
     assert children(os.getpid(), b"sglang_launch.simulator") == []  # stopped at the end of the run
+
+
+def test_a_resume_after_kill_9_stops_the_server_the_killed_run_left(tmp_path: Path) -> None:
+    """The server runs in its own session, so a kill -9 of the run leaves it holding its GPUs; the
+    same command again (the resume) stops it before it launches its own, and finishes the run."""
+    config = _launching_config(tmp_path, "orphan", 120, 0.2)
+    killed = datagen("run", str(config), "--no-prefect")
+    orphan = None
+    try:
+        wait_for_rows(tmp_path / "orphan", 10, killed, timeout_s=60)
+        (orphan,) = children(killed.pid, b"sglang_launch.simulator")
+        kill_group(killed)  # the run and its process group: the server's own session survives
+        assert alive(orphan)
+        resume = datagen("run", str(config), "--no-prefect")
+        out, _ = resume.communicate(timeout=120)
+        assert resume.returncode == 0, out.decode()[-3000:]
+        assert not alive(orphan)
+        assert f"stopping the SGLang server pid {orphan} that a killed run left on port".encode() in out
+    finally:
+        kill_group(killed)
+        if orphan is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(orphan, signal.SIGKILL)
+    check = check_run(tmp_path / "orphan")
+    assert len(check.row_ids) == 120 and check.reject_ids == [] and check.duplicates == 0
 
 
 def test_sigterm_flushes_buffered_rows_and_exits_for_a_resume(tmp_path: Path) -> None:

@@ -8,9 +8,12 @@ It also starts a child in its process group and holds a load-snapshot file open,
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -33,6 +36,7 @@ from sglang_launch.launcher import (
 from sglang_launch.ports import free_port
 from sglang_launch.probe import is_healthy, kv_capacity, server_info
 from sglang_launch.server_config import ServerConfig
+from sglang_launch.server_record import ProcessId, ServerRecord, read_records
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -311,6 +315,8 @@ def test_api_key_reaches_the_server_but_never_the_log(
     with handle:
         # /get_server_info answers only with the key: the KV capacity proves it was sent
         assert handle.max_total_num_tokens == 4096
+        ((record, _),) = read_records(fake_cfg.log_dir)  # nor the record of the running server
+        assert "--api-key" in record.read_text() and "sk-very-secret" not in record.read_text()
     log = attempts[0].log_path.read_text()
     assert "--api-key '***'" in log or "--api-key ***" in log
     assert "'api_key': '***'" in log
@@ -498,9 +504,9 @@ def test_stop_returns_when_the_server_cannot_be_killed(
     froze Ctrl-C of the run that launched it."""
     monkeypatch.setattr(launcher, "_KILL_WAIT_S", 0.2)
     process = launcher.ServerProcess(
-        [sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "l.log", ""
+        [sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "l.log", "", 30000
     )
-    monkeypatch.setattr(process, "_signal_group", lambda sig: None)  # the signals do not take
+    monkeypatch.setattr(launcher, "_signal_group", lambda pgid, sig: None)  # the signals do not take
     try:
         started = time.monotonic()
         process.stop(0.1)
@@ -509,3 +515,126 @@ def test_stop_returns_when_the_server_cannot_be_killed(
     finally:
         process.popen.kill()
         process.popen.wait()
+
+
+# --- a server that a killed run left behind -------------------------------------------------------
+
+ORCHESTRATOR = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from sglang_launch import launcher
+    from sglang_launch.server_config import ServerConfig
+
+    launcher._SHM_DIR = Path(sys.argv[2])
+    handle, _ = launcher.launch_with_ladder(ServerConfig.model_validate_json(Path(sys.argv[1]).read_text()))
+    print(handle.pid, handle.port, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _killed_run(cfg: ServerConfig, tmp_path: Path, shm_dir: Path) -> tuple[int, int]:
+    """Launch `cfg` from another process and kill -9 that process once the server serves: the
+    server's (pid, port), which outlives it in its own session."""
+    (tmp_path / "server.json").write_text(cfg.model_dump_json())
+    (tmp_path / "orchestrator.py").write_text(ORCHESTRATOR)
+    run = subprocess.Popen(
+        [sys.executable, str(tmp_path / "orchestrator.py"), str(tmp_path / "server.json"), str(shm_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert run.stdout is not None
+        pid, port = map(int, run.stdout.readline().split())
+    finally:
+        run.kill()  # kill -9: none of the run's own clean-up runs
+        run.wait()
+        assert run.stdout is not None
+        run.stdout.close()
+    return pid, port
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def test_a_server_that_a_killed_run_left_is_stopped_before_the_next_start(
+    fake_cfg: ServerConfig, tmp_path: Path, shm_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The orphan held ~88 % of every GPU: a second server beside it fails for memory or starts with
+    a tiny KV cache. The next start of the same run stops it first, its whole group."""
+    orphan, port = _killed_run(fake_cfg, tmp_path, shm_dir)
+    try:
+        orphan_child = int((tmp_path / "child.pid").read_text())
+        assert pid_alive(orphan) and pid_alive(orphan_child)  # the kill -9 left the server running
+        with caplog.at_level(logging.INFO, logger="sglang_launch.launcher"):
+            handle, _ = launch_with_ladder(fake_cfg)
+        with handle:
+            assert not pid_alive(orphan) and not pid_alive(orphan_child)
+            assert handle.pid != orphan and is_healthy(handle.url)
+        assert f"stopping the SGLang server pid {orphan} that a killed run left on port {port}" in caplog.text
+        assert not any(name.startswith(f"sglang_loads_fake_{orphan}") for name in os.listdir(shm_dir))
+    finally:
+        _kill_group(orphan)
+
+
+def test_a_server_is_recorded_while_it_runs_and_the_record_goes_when_it_is_stopped(
+    fake_cfg: ServerConfig,
+) -> None:
+    handle, _ = launch_with_ladder(fake_cfg)
+    with handle:
+        ((_, record),) = read_records(fake_cfg.log_dir)
+        assert (record.server.pid, record.pgid, record.port) == (handle.pid, handle.pid, handle.port)
+        assert record.server == ProcessId.of(handle.pid) and record.owner == ProcessId.of(os.getpid())
+    assert read_records(fake_cfg.log_dir) == []
+
+
+def test_a_server_whose_launcher_lives_is_not_taken_for_an_orphan(fake_cfg: ServerConfig) -> None:
+    """Another part of the run, or a `datagen launch` in another terminal, still serves with it."""
+    first, _ = launch_with_ladder(fake_cfg)
+    with first:
+        second, _ = launch_with_ladder(fake_cfg)
+        with second:
+            assert first.alive() and is_healthy(first.url)
+            assert len(read_records(fake_cfg.log_dir)) == 2
+
+
+def _record(victim: int, log_dir: Path, **changes: object) -> Path:
+    """A record naming the process `victim` (as its launcher would), launched by a dead process."""
+    launcher_pid = subprocess.Popen([sys.executable, "-c", ""])
+    owner = ProcessId.of(launcher_pid.pid)
+    launcher_pid.wait()
+    server = ProcessId.of(victim)
+    assert owner is not None and server is not None
+    fields: dict[str, object] = {"server": server, "pgid": victim, "port": 1, "argv": [], "owner": owner}
+    record = ServerRecord.model_validate({**fields, "shm_before": [], **changes})
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / f"launched-server-{victim}.json"
+    path.write_text(record.model_dump_json())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "record_stays"),
+    [
+        ("start_ticks", False),  # the pid was reused by another process: the record is stale
+        ("machine", True),  # another node or container: nothing about it can be proved here
+    ],
+)
+def test_a_process_that_is_not_provably_the_recorded_server_is_never_signalled(
+    fake_cfg: ServerConfig, change: str, record_stays: bool
+) -> None:
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        server = ProcessId.of(victim.pid)
+        assert server is not None
+        other = {"start_ticks": server.start_ticks - 1, "machine": "another-boot pid:[1]"}[change]
+        path = _record(victim.pid, fake_cfg.log_dir, server=server.model_copy(update={change: other}))
+        with launch_with_ladder(fake_cfg)[0]:
+            assert victim.poll() is None
+        assert path.exists() == record_stays
+    finally:
+        victim.kill()
+        victim.wait()
