@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -174,12 +175,13 @@ async def _ask(
             # an endpoint being waited for by other requests is not given up on: counted as down,
             # it stopped a healthy run whenever one of its requests was checking its health
             others = any(other is not lane and not other.endpoint.guard.gone for other in limiter.lanes)
+            # the outage patience this prompt has left once its own endpoint is given up on: alone, it
+            # waited all of it there; with others, only failover_s, and may wait the rest for any one
+            patience_left_at = time.monotonic() + patience.outage_s if others else -math.inf
             if not await guard.recover(patience.failover_s if others else patience.outage_s):
-                if all(other.endpoint.guard.gone for other in limiter.lanes):
-                    raise FatalEndpointError(_given_up(patience, len(limiter.lanes))) from error
                 # move the prompt to an endpoint that answers
                 await limiter.release(held.pop(task), demand)
-                held[task] = await limiter.acquire(demand)
+                held[task] = await _another_lane(limiter, demand, patience_left_at, error, patience)
             elif demand is not None:  # asked again from its start: the budget counts it as new
                 held[task].admit(demand, time.monotonic())
             sink.tally.recovered += 1
@@ -233,12 +235,34 @@ def _watch_quality(category: str, tally: Tally, flags: list[str]) -> None:
     )
 
 
+async def _another_lane(
+    limiter: Limiter[Endpoint],
+    demand: Demand | None,
+    deadline: float,
+    error: TransientRequestError,
+    patience: Patience,
+) -> Lane[Endpoint]:
+    """A slot for a prompt whose endpoint was given up on after ``failover_s``, on one that answers.
+
+    While every endpoint is given up on (all down at once: a switch, a power cut), the prompt waits
+    for one to answer again (the pool's probe puts it back in service) until ``outage_s`` after its
+    own endpoint fell silent; then the run stops. Stopped at once, all endpoints down for a minute
+    ended a run that ``outage_patience_s`` promised to wait half an hour for.
+    """
+    if not all(lane.endpoint.guard.gone for lane in limiter.lanes):
+        return await limiter.acquire(demand)
+    try:
+        return await asyncio.wait_for(limiter.acquire(demand), max(deadline - time.monotonic(), 0.0))
+    except TimeoutError:
+        raise FatalEndpointError(_given_up(patience, len(limiter.lanes))) from error
+
+
 def _given_up(patience: Patience, endpoints: int) -> str:
     if endpoints == 1:
         return f"no endpoint has answered for {patience.outage_s:.0f} s"
     return (
-        f"no endpoint has answered: each of the {endpoints} was given up on (after "
-        f"{patience.failover_s:.0f} s while another could take its prompts, {patience.outage_s:.0f} s alone)"
+        f"no endpoint has answered for {patience.outage_s:.0f} s: each of the {endpoints} was given up on "
+        f"(after {patience.failover_s:.0f} s while another could take its prompts) and none came back"
     )
 
 

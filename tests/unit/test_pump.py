@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
 from flows.client.errors import FatalEndpointError, PermanentRequestError, TransientRequestError
-from flows.client.guard import Endpoint
+from flows.client.guard import Endpoint, EndpointGuard
 from flows.client.responses import Generation, Usage
 from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
@@ -14,7 +15,7 @@ from flows.control.demand import CategoryDemand
 from flows.control.limit import FixedLimit, GuardedLimit
 from flows.control.limiter import Lane, Limiter
 from flows.run.prompt_stream import Ask, Reject, dedup_key
-from flows.run.pump import CategorySink, RunAborted, Tally, pump_shard
+from flows.run.pump import CategorySink, Patience, RunAborted, Tally, pump_shard
 from flows.run.rows import reject_row
 from flows.store.run_store import RunStore
 from prompts.records import PromptRecord, SourceRef
@@ -428,3 +429,63 @@ async def test_an_answer_of_types_the_shard_cannot_hold_is_a_retryable_reject_an
     assert reject["id"] == "p1" and reject["retryable"] is True
     assert reject["reason"].startswith("internal error: UnstorableRow: ")
     assert limiter.in_flight == 0
+
+
+class DownClient(FakeClient):
+    """An endpoint that refuses every request until ``back_at`` (``time.monotonic``; None: never)."""
+
+    def __init__(self, endpoint: str, back_at: float | None) -> None:
+        super().__init__()
+        self.endpoint = endpoint  # type: ignore[misc]
+        self.back_at = back_at
+
+    def serving(self) -> bool:
+        return self.back_at is not None and time.monotonic() >= self.back_at
+
+    async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+        if not self.serving():
+            await asyncio.sleep(0.001)
+            raise TransientRequestError("connection refused", attempts=6)
+        return await super().generate(messages, tools, sampling)
+
+
+async def test_every_endpoint_down_then_one_back_within_the_outage_patience_finishes_the_run(
+    tmp_path: Path,
+) -> None:
+    """All endpoints down at once (a switch rebooting), one back after 1 s: each is given up on after
+    ``failover_s`` (0.2 s), but no endpoint has been silent for ``outage_s`` (5 s), so the prompts
+    wait for the one that comes back. The run stopped at 0.2 s: a node idle until someone looked."""
+    sink = _sink(tmp_path)  # before the clock starts: making the store can take a second
+    clients = [DownClient("http://a", None), DownClient("http://b", time.monotonic() + 1.0)]
+    lanes = []
+    for client in clients:
+        guard = EndpointGuard(client.endpoint, poll_s=0.02)
+        guard.healthy = lambda c=client: asyncio.sleep(0, c.serving())  # type: ignore[method-assign]
+        lanes.append(Lane(Endpoint(client, guard), GuardedLimit(FixedLimit(2), guard.is_up)))  # type: ignore[arg-type]
+    limiter = Limiter(lanes)
+    for lane in lanes:
+        lane.endpoint.guard.on_up = limiter.notify
+
+    async def probe() -> None:  # the pool's probe loop: an endpoint given up on is put back
+        while True:
+            await asyncio.sleep(0.05)
+            for lane in lanes:
+                await lane.endpoint.guard.probe()
+
+    prober = asyncio.create_task(probe())
+    try:
+        await asyncio.wait_for(
+            pump_shard(
+                [_item(i, "ok") for i in range(6)],
+                limiter=limiter,
+                category=CATEGORY,
+                sampling=SamplingParams(max_tokens=8),
+                sink=sink,
+                patience=Patience(outage_s=5.0, failover_s=0.2),
+            ),
+            10,
+        )
+    finally:
+        prober.cancel()
+    assert sink.tally.rows == 6 and sink.tally.rejects == 0
+    assert {row["endpoint"] for row in sink.rows._rows} == {"http://b"}
