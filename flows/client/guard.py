@@ -15,12 +15,15 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from flows.client.endpoint import EndpointClient
+from flows.client.errors import TransientRequestError
 from sglang_launch.engine import Engine
 from sglang_launch.probe import is_healthy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EndpointGuard:
@@ -56,6 +59,10 @@ class EndpointGuard:
         self._last_ok = 0.0
         self._last_gone_check = -math.inf
         self._lock = asyncio.Lock()
+        self._serving: set[asyncio.Task[object]] = set()
+        """The tasks awaiting an answer from this endpoint (``serve``)."""
+        self._cut: set[asyncio.Task[object]] = set()
+        """Those of them cancelled by the guard giving up, not by the run stopping."""
 
     def is_up(self) -> bool:
         """Whether the endpoint takes new requests (False while waited for or given up on)."""
@@ -85,7 +92,7 @@ class EndpointGuard:
                         attempts = await asyncio.to_thread(self.engine.ensure_running)
                     except Exception as error:  # a start that failed for good: say so, keep the rows
                         log.error("restarting the server at %s failed: %s", self.url, error)
-                        self.gone = True
+                        self._give_up()
                         return False
                     if attempts:
                         self.restarts += 1
@@ -95,9 +102,38 @@ class EndpointGuard:
                     return True
                 if time.monotonic() >= deadline:
                     log.error("%s has not been healthy for %.0f s: giving up on it", self.url, patience)
-                    self.gone = True
+                    self._give_up()
                     return False
                 await asyncio.sleep(self.poll_s)
+
+    async def serve(self, request: Awaitable[T]) -> T:
+        """Await ``request``, made to this endpoint; ``TransientRequestError`` if the guard gives up on
+        the endpoint before it is answered, so that the prompt is asked elsewhere.
+
+        A server gone without closing its connections (a host powered off or cut from the network)
+        leaves the requests it was answering waiting for the read timeout, an hour by default: its
+        other requests failed and moved to endpoints that answer, and these held their shards and the
+        run's end for the hour.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        self._serving.add(task)
+        try:
+            return await request
+        except asyncio.CancelledError:
+            if task in self._cut and task.uncancel() == 0:  # ours alone: a stop's cancel stays one
+                raise TransientRequestError(f"{self.url} was given up on before it answered") from None
+            raise
+        finally:
+            self._serving.discard(task)
+            self._cut.discard(task)
+
+    def _give_up(self) -> None:
+        """No more waiting for the endpoint: its lane stays closed, its requests still waiting are cut."""
+        self.gone = True
+        for task in self._serving - self._cut:
+            self._cut.add(task)
+            task.cancel()
 
     async def probe(self) -> None:
         """Bring a lane that was given up on back into service once its server answers again."""

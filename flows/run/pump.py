@@ -161,7 +161,7 @@ async def _ask(
         lane = held[task]
         client, guard = lane.endpoint.client, lane.endpoint.guard
         try:
-            regenerated = await regenerate(record, client, sampling, category.mode)
+            regenerated = await guard.serve(regenerate(record, client, sampling, category.mode))
             break
         except FatalEndpointError:
             raise

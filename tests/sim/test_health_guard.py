@@ -65,3 +65,24 @@ async def test_a_guard_given_up_on_answers_its_waiting_requests_from_one_check_a
     checks = 0
     results = await asyncio.gather(*(guard.recover() for _ in range(50)))
     assert results == [False] * 50 and checks == 1
+
+
+async def test_a_request_cut_by_the_guard_giving_up_as_the_run_stops_is_still_cancelled() -> None:
+    """The guard turns its own cut into a retryable failure, never a stop's cancel: the run stopping
+    at that moment must not have its request asked again elsewhere."""
+    import asyncio
+
+    import pytest
+
+    guard = EndpointGuard(f"http://127.0.0.1:{_closed_port()}", patience_s=0, poll_s=0.01)
+
+    async def unhealthy() -> bool:  # answers without yielding: the give-up lands before the stop's cancel
+        return False
+
+    guard.healthy = unhealthy  # type: ignore[method-assign]
+    request = asyncio.create_task(guard.serve(asyncio.sleep(3600)))
+    await asyncio.sleep(0)
+    request.cancel()  # the run stops
+    assert await guard.recover() is False  # and the guard gives up meanwhile: it cuts the request too
+    with pytest.raises(asyncio.CancelledError):
+        await request

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,9 @@ class FakeGuard:
         self.asked += 1
         self.up = self.comes_back
         return self.comes_back
+
+    async def serve(self, request: Awaitable[Generation]) -> Generation:
+        return await request
 
 
 class SlowGuard(FakeGuard):
@@ -489,3 +493,46 @@ async def test_every_endpoint_down_then_one_back_within_the_outage_patience_fini
         prober.cancel()
     assert sink.tally.rows == 6 and sink.tally.rejects == 0
     assert {row["endpoint"] for row in sink.rows._rows} == {"http://b"}
+
+
+async def test_a_request_left_waiting_on_an_endpoint_given_up_on_moves_to_one_that_answers(
+    tmp_path: Path,
+) -> None:
+    """A host gone silent (powered off, cut from the network) closes no connection: a request it was
+    answering waits for the read timeout (an hour by default) while its endpoint's other requests fail,
+    and the guard gives up on it after ``failover_s``. That request is then asked elsewhere too; it
+    waited out the hour, and held its shard (and the run's end) with it."""
+
+    class Vanished(FakeClient):
+        endpoint = "http://vanished"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.requests = 0
+
+        async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+            self.requests += 1
+            if self.requests == 1:
+                await asyncio.sleep(3600)  # its answer never comes, its connection stays open
+            raise TransientRequestError("connection timed out", attempts=6)
+
+    sink = _sink(tmp_path)
+    guard = EndpointGuard("http://vanished", poll_s=0.02)
+    guard.healthy = lambda: asyncio.sleep(0, False)  # type: ignore[method-assign]
+    lanes = [
+        Lane(Endpoint(Vanished(), guard), GuardedLimit(FixedLimit(2), guard.is_up)),  # type: ignore[arg-type]
+        Lane(Endpoint(FakeClient(), FakeGuard(comes_back=True)), FixedLimit(2)),  # type: ignore[arg-type]
+    ]
+    await asyncio.wait_for(
+        pump_shard(
+            [_item(i, "ok") for i in range(6)],
+            limiter=Limiter(lanes),
+            category=CATEGORY,
+            sampling=SamplingParams(max_tokens=8),
+            sink=sink,
+            patience=Patience(outage_s=5.0, failover_s=0.2),
+        ),
+        5,
+    )
+    assert sink.tally.rows == 6 and sink.tally.rejects == 0
+    assert {row["endpoint"] for row in sink.rows._rows} == {"http://fake"}
