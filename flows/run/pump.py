@@ -322,6 +322,7 @@ async def pump_shard(
     patience: Patience = Patience(),
     demand: CategoryDemand | None = None,
     before_first: Callable[[], Awaitable[None]] | None = None,
+    after_last: Callable[[], None] | None = None,
 ) -> None:
     """Send every record of the shard, write every conversion reject; return when all are settled.
 
@@ -331,7 +332,9 @@ async def pump_shard(
     it even while it waits for a slot. ``before_first`` is awaited before the
     first request (the categories' start line). After each admission the dispatcher yields, so
     that with free slots to share (the start, a raised limit) the shards' dispatchers take them in
-    turn instead of the first one taking them all.
+    turn instead of the first one taking them all. ``after_last`` is called once the dispatcher has
+    sent its last prompt (or stopped): the shard then only waits for answers, and the pipeline starts
+    the next one instead of leaving the endpoints that answered theirs idle.
     """
     pending: set[asyncio.Task[None]] = set()
     held: Held = {}
@@ -355,6 +358,13 @@ async def pump_shard(
                 await limiter.release(lane, need)
 
     async def dispatch() -> None:
+        try:
+            await send()
+        finally:
+            if after_last is not None:
+                after_last()
+
+    async def send() -> None:
         if before_first is not None:
             await before_first()
         for item in items:

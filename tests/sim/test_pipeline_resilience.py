@@ -26,7 +26,7 @@ from pipeline_support import (
 from flows.config import load_config
 from flows.runner import execute
 from prompts.dedup import sample_score
-from sglang_launch.simulator import SimConfig, SimulatorProcess
+from sglang_launch.simulator import FaultConfig, SimConfig, SimulatorProcess
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 
@@ -285,3 +285,40 @@ def test_a_lone_server_gone_for_good_stops_the_run_then_resume_finishes(tmp_path
         assert again.wait(timeout=300) == 0
     final = check_run(tmp_path / "gone")
     assert len(final.row_ids) == 600 and final.duplicates == 0 and final.reject_ids == []
+
+
+async def test_a_slow_endpoint_does_not_hold_the_other_endpoints_prompts_hostage(tmp_path: Path) -> None:
+    """Of three endpoints one answers after 12 s, two in a fraction of a second. The shards sending at
+    once each send a few prompts to the slow one; one that has sent all its prompts must not keep the
+    next from starting, or the fast endpoints idle until the slow one answers (they did: the two
+    shards of the window each waited for their slowest prompt, 32 of 300 prompts were answered in
+    those 12 s, and the run went at the slow endpoint's pace)."""
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 300)
+    slow = SimConfig(**FAST, faults=FaultConfig(extra_latency_s=12.0))
+    with (
+        SimulatorProcess(SimConfig(**FAST)) as first,
+        SimulatorProcess(SimConfig(**FAST)) as second,
+        SimulatorProcess(slow) as slow_sim,
+    ):
+        config = write_config(
+            tmp_path / "run.toml", name="slow", output_dir=tmp_path, url=first.url, source=source
+        )
+        more = "".join(f'\n[[endpoints]]\nurl = "{sim.url}"\n' for sim in (second, slow_sim))
+        text = config.read_text().replace(f'url = "{first.url}"\n', f'url = "{first.url}"\n{more}')
+        text = text.replace("limit = 64", "limit = 8").replace("shard_prompts = 250", "shard_prompts = 20")
+        config.write_text(text)
+        run = asyncio.create_task(execute(load_config(config), use_prefect=False))
+        try:
+            deadline = time.monotonic() + 30
+            while (await asyncio.to_thread(slow_sim.stats))["requests_completed"] == 0:
+                assert time.monotonic() < deadline, "the slow endpoint never answered"
+                await asyncio.sleep(0.1)
+            fast = [(await asyncio.to_thread(sim.stats))["requests_completed"] for sim in (first, second)]
+            assert sum(fast) >= 250, f"the fast endpoints answered {fast} while the slow one answered none"
+            status = await asyncio.wait_for(run, 30)
+        finally:
+            run.cancel()
+    check = check_run(tmp_path / "slow")
+    assert len(check.row_ids) == 300 and check.reject_ids == [] and check.duplicates == 0
+    assert status.rows == 300
