@@ -31,8 +31,9 @@ from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, sec
 from sglang_launch.logparse import ServerLog, StartupFailure, parse_log
 from sglang_launch.ports import free_port
 from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
+from sglang_launch.procfs import processes
 from sglang_launch.server_config import ServerConfig
-from sglang_launch.server_record import proc_stat, read_records, record_server
+from sglang_launch.server_record import read_records, record_server
 
 logger = logging.getLogger(__name__)
 
@@ -140,12 +141,7 @@ def _last_line(path: Path) -> str:
 
 def _group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in a process group, found through /proc."""
-    members = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        stat = proc_stat(int(proc.name))
-        if stat is not None and stat.pgid == pgid:
-            members.append(int(proc.name))
-    return members
+    return [pid for pid, stat in processes() if stat.pgid == pgid]
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

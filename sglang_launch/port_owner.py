@@ -15,7 +15,8 @@ import os
 from collections.abc import Collection
 from pathlib import Path
 
-PROC = Path("/proc")
+from sglang_launch.procfs import PROC, processes
+
 LISTEN = "0A"
 """The TCP state ``net/tcp`` writes for a listening socket."""
 
@@ -52,11 +53,8 @@ def socket_holders(inodes: Collection[int], proc_root: Path = PROC) -> set[int]:
 def with_descendants(roots: Collection[int], proc_root: Path = PROC) -> set[int]:
     """``roots`` and every process below them, from each process's parent in ``stat``."""
     children: dict[int, list[int]] = {}
-    for stat in proc_root.glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            # pid (comm) state ppid ...: the name may hold spaces and parentheses, so split after it
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
+    for pid, stat in processes(proc_root):
+        children.setdefault(stat.ppid, []).append(pid)
     tree, frontier = set(roots), list(roots)
     while frontier:
         for child in children.get(frontier.pop(), []):

@@ -19,46 +19,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from sglang_launch.procfs import PROC, proc_stat
+
 logger = logging.getLogger(__name__)
 
-_PROC = Path("/proc")
 _PREFIX = "launched-server-"
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """What ``/proc/<pid>/stat`` says of a process that has not exited (not a zombie)."""
-
-    pgid: int
-    start_ticks: int
-
-
-def proc_stat(pid: int) -> ProcStat | None:
-    """The process ``pid`` now, or None when there is none, or only its zombie.
-
-    The name in parentheses may hold spaces and parentheses, so the fields are split after it.
-    """
-    try:
-        fields = (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in ("Z", "X"):
-        return None
-    # state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime cutime
-    # cstime priority nice num_threads itrealvalue starttime: fields 3 to 22 of proc(5)
-    return ProcStat(pgid=int(fields[2]), start_ticks=int(fields[19]))
 
 
 def _machine() -> str | None:
     """Where pids and start times mean something: this boot, and this process's PID namespace."""
     try:
-        boot = (_PROC / "sys/kernel/random/boot_id").read_text().strip()
-        namespace = os.readlink(_PROC / "self/ns/pid")
+        boot = (PROC / "sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink(PROC / "self/ns/pid")
     except OSError:
         return None
     return f"{boot} {namespace}"

@@ -25,7 +25,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_launch.gpu import GpuUnavailableError, read_gpus, read_memory
-from sglang_launch.port_owner import PROC, serving_processes
+from sglang_launch.port_owner import serving_processes
+from sglang_launch.procfs import PROC
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024

@@ -166,7 +166,8 @@ def fake_proc(root: Path, *, listening: bool = True) -> Path:
     sockets = {SERVER_A: 7001, SERVER_B: 7002, CLIENT: 7003}
     for pid, parent in parents.items():
         (root / str(pid) / "fd").mkdir(parents=True)
-        (root / str(pid) / "stat").write_text(f"{pid} (sglang::sch (tp) 0) S {parent} {pid} {pid} 0\n")
+        rest = " ".join(["0"] * 47)  # the fields after the process group, as many as the kernel writes
+        (root / str(pid) / "stat").write_text(f"{pid} (sglang::sch (tp) 0) S {parent} {pid} {rest}\n")
         (root / str(pid) / "fd" / "0").symlink_to("/dev/null")
         if pid in sockets:
             (root / str(pid) / "fd" / "5").symlink_to(f"socket:[{sockets[pid]}]")
