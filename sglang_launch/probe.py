@@ -35,24 +35,39 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 def is_healthy(
-    url: str, *, timeout_s: float = 5.0, client: httpx.Client | None = None, ca_bundle: str | None = None
+    url: str,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = 5.0,
+    client: httpx.Client | None = None,
+    ca_bundle: str | None = None,
 ) -> bool:
-    """``GET /health`` answered 200; any connection error or other status is "not healthy"."""
+    """``GET /health`` answered 200; any connection error or other status is "not healthy".
+
+    The endpoint's key goes with it: SGLang and vLLM leave ``/health`` open and ignore it, but a
+    gateway in front of them may check it on every path (LiteLLM's proxy does on ``/health``), and
+    its 401 would keep an endpoint that blipped out of the run for good.
+    """
+    headers = auth_headers(api_key)
     try:
         if client is not None:
-            return client.get(f"{url}/health").status_code == 200
-        response = httpx.get(f"{url}/health", timeout=timeout_s, verify=tls_context(ca_bundle))
+            return client.get(f"{url}/health", headers=headers).status_code == 200
+        response = httpx.get(
+            f"{url}/health", headers=headers, timeout=timeout_s, verify=tls_context(ca_bundle)
+        )
         return response.status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def wait_healthy(url: str, alive: Callable[[], bool], *, timeout_s: float, poll_s: float) -> Outcome:
+def wait_healthy(
+    url: str, alive: Callable[[], bool], *, timeout_s: float, poll_s: float, api_key: str | None = None
+) -> Outcome:
     """Poll ``/health`` until it answers 200 ("ready"), the process dies ("failed") or time runs out."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=max(poll_s, 2.0)) as client:
         while alive():
-            if is_healthy(url, client=client):
+            if is_healthy(url, api_key=api_key, client=client):
                 return "ready"
             if time.monotonic() > deadline:
                 return "timeout"

@@ -44,9 +44,12 @@ class EndpointGuard:
         poll_s: float = 2.0,
         fresh_s: float = 1.0,
         ca_bundle: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.ca_bundle = ca_bundle
+        self._api_key = api_key
+        """The endpoint's key, for a gateway that checks it on ``/health`` too; never logged."""
         self.engine = engine
         self.patience_s = patience_s
         self.poll_s = poll_s
@@ -69,7 +72,7 @@ class EndpointGuard:
         return self.up
 
     async def healthy(self) -> bool:
-        return await asyncio.to_thread(is_healthy, self.url, ca_bundle=self.ca_bundle)
+        return await asyncio.to_thread(is_healthy, self.url, api_key=self._api_key, ca_bundle=self.ca_bundle)
 
     async def recover(self, patience_s: float | None = None) -> bool:
         """True once the endpoint serves again; False after ``patience_s`` (default: the guard's)."""

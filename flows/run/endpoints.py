@@ -96,17 +96,22 @@ class EndpointPool:
                 max_total_s=retry.max_total_s,
             )
             for target in await self._targets():
+                key = await _api_key(target, self.secrets)
                 client = EndpointClient(
                     target.url,
                     target.model,
-                    await _api_key(target, self.secrets),
+                    key,
                     stream=target.stream,
                     read_timeout_s=retry.read_timeout_s,
                     ca_bundle=target.ca_bundle,
                     retry=policy,
                 )
                 guard = EndpointGuard(
-                    target.url, target.engine, patience_s=retry.outage_patience_s, ca_bundle=target.ca_bundle
+                    target.url,
+                    target.engine,
+                    patience_s=retry.outage_patience_s,
+                    ca_bundle=target.ca_bundle,
+                    api_key=key,
                 )
                 self.endpoints.append(Endpoint(client, guard))
             self.model = await self._resolve_model()

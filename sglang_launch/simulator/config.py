@@ -133,7 +133,14 @@ class SimConfig(BaseModel):
     )
 
     api_key: str | None = Field(
-        default=None, description="as SGLang's --api-key: requests without 'Bearer KEY' get 401"
+        default=None,
+        description="as SGLang's --api-key: requests without 'Bearer KEY' get 401, except /health and "
+        "/metrics (SGLang leaves them open for probes and scrapers)",
+    )
+    key_on_health: bool = Field(
+        default=False,
+        description="with api_key: /health wants the key too, as behind a gateway that checks it on "
+        "every path (LiteLLM's proxy does on /health)",
     )
     faults: FaultConfig = Field(default_factory=FaultConfig)
     seed: int = 0

@@ -100,7 +100,11 @@ class SimulatorProcess:
         """Poll ``/health`` every 50 ms until 200; raise ``SimulatorError`` on exit or timeout."""
         proc = self._proc
         outcome = wait_healthy(
-            self.url, lambda: proc is None or proc.poll() is None, timeout_s=timeout_s, poll_s=0.05
+            self.url,
+            lambda: proc is None or proc.poll() is None,
+            timeout_s=timeout_s,
+            poll_s=0.05,
+            api_key=self.config.api_key,
         )
         if outcome == "failed" and proc is not None:
             raise SimulatorError(f"simulator exited with {proc.returncode}:\n{self.log_tail()}")

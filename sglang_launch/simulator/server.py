@@ -113,15 +113,19 @@ class _HttpCounter:
 
 
 class _ApiKey:
-    """ASGI middleware: SGLang's ``--api-key`` check (health, metrics and the /sim knobs stay open)."""
+    """ASGI middleware: SGLang's ``--api-key`` check (health, metrics and the /sim knobs stay open), or
+    with ``key_on_health`` a gateway's, which wants the key on ``/health`` too."""
 
-    def __init__(self, app: ASGIApp, key: str | None) -> None:
+    def __init__(self, app: ASGIApp, key: str | None, key_on_health: bool = False) -> None:
         self.app = app
         self.expected = f"Bearer {key}".encode() if key else None
+        self.open_paths: tuple[str, ...] = (
+            ("/metrics", "/sim/") if key_on_health else ("/health", "/metrics", "/sim/")
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        open_path = path.startswith(("/health", "/metrics", "/sim/"))
+        open_path = path.startswith(self.open_paths)
         if scope["type"] != "http" or self.expected is None or open_path:
             await self.app(scope, receive, send)
             return
@@ -375,7 +379,10 @@ def create_app(cfg: SimConfig) -> Starlette:
     ]
     logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)
     counted = {r.path for r in routes if not r.path.startswith("/sim/")}
-    middleware = [Middleware(_HttpCounter, routes=counted), Middleware(_ApiKey, key=cfg.api_key)]
+    middleware = [
+        Middleware(_HttpCounter, routes=counted),
+        Middleware(_ApiKey, key=cfg.api_key, key_on_health=cfg.key_on_health),
+    ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 

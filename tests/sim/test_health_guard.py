@@ -2,7 +2,11 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from flows.client.guard import EndpointGuard
+from flows.config import RunConfig
+from flows.run.endpoints import EndpointPool
 from sglang_launch.simulator import SimConfig, simulator_in_thread
 
 
@@ -86,3 +90,34 @@ async def test_a_request_cut_by_the_guard_giving_up_as_the_run_stops_is_still_ca
     assert await guard.recover() is False  # and the guard gives up meanwhile: it cuts the request too
     with pytest.raises(asyncio.CancelledError):
         await request
+
+
+async def test_an_endpoint_given_up_on_behind_a_keyed_gateway_comes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gateway that checks the key on /health too (LiteLLM's proxy) answered the key-less probe
+    401 for ever: an endpoint that blipped was never put back in service. SGLang itself, which leaves
+    /health open, ignores the key and comes back as before."""
+    monkeypatch.setenv("GUARD_TEST_KEY", "sim-key")
+    for key_on_health in (True, False):
+        sim_config = SimConfig(
+            max_total_tokens=4096, context_length=1024, api_key="sim-key", key_on_health=key_on_health
+        )
+        with simulator_in_thread(sim_config) as sim:
+            config = RunConfig.model_validate(
+                {
+                    "run": {"name": "guard-key"},
+                    "endpoints": [{"url": sim.url, "model": "default", "api_key_env": "GUARD_TEST_KEY"}],
+                    "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
+                }
+            )
+            pool = EndpointPool(config)
+            await pool.open()
+            try:
+                guard = pool.endpoints[0].guard
+                guard.up = False
+                guard._give_up()
+                await guard.probe()
+                assert guard.up and not guard.gone, f"key_on_health={key_on_health}"
+            finally:
+                await pool.aclose()

@@ -220,3 +220,19 @@ async def test_a_full_queue_answers_503_to_new_arrivals(start_sim: StartSim, cap
 
 def test_unknown_routes_are_404(sim: ThreadedSimulator) -> None:
     assert httpx.get(sim.url + "/get_load").status_code == 404
+
+
+def test_a_keyed_simulator_leaves_health_open_as_sglang_does(start_sim: StartSim) -> None:
+    """SGLang's --api-key middleware lets /health and /metrics through without the key (probes and
+    scrapers) and answers 401 elsewhere; ``key_on_health`` is a gateway that checks it on /health too."""
+    key = {"Authorization": "Bearer sim-key"}
+    sglang = start_sim(api_key="sim-key")
+    assert [httpx.get(sglang.url + path).status_code for path in ("/health", "/metrics", "/v1/models")] == [
+        200,
+        200,
+        401,
+    ]
+    assert httpx.get(sglang.url + "/v1/models", headers=key).status_code == 200
+    gateway = start_sim(api_key="sim-key", key_on_health=True)
+    assert httpx.get(gateway.url + "/health").status_code == 401
+    assert httpx.get(gateway.url + "/health", headers=key).status_code == 200

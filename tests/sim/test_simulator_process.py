@@ -115,3 +115,9 @@ def test_a_simulator_that_cannot_start_raises_with_its_log() -> None:
         sim.config = sim.config.model_copy(update={"port": busy.getsockname()[1]})
         with pytest.raises(SimulatorError, match="exited"):
             sim.start()
+
+
+def test_a_simulator_that_wants_the_key_on_health_starts_with_its_own_key() -> None:
+    """Its start waits on /health with the simulator's key: without it, a 401 until the timeout."""
+    with SimulatorProcess(FAST.model_copy(update={"api_key": "sim-key", "key_on_health": True})) as sim:
+        assert httpx.get(sim.url + "/health").status_code == 401
