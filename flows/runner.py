@@ -5,10 +5,15 @@ The CLI's commands are a few lines that call this module.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
@@ -134,6 +139,46 @@ async def _run_session(
     if display is not None:
         display.summary(summary, status)
     return status
+
+
+@dataclass
+class Termination:
+    """Whether SIGTERM has stopped the run (set by the handler ``sigterm_stops_run`` installs)."""
+
+    received: bool = False
+
+
+@contextlib.contextmanager
+def sigterm_stops_run() -> Iterator[Termination]:
+    """While open, SIGTERM cancels the current task (as asyncio answers Ctrl-C); then the old handler is back.
+
+    Cancelling the task that runs the run is the orderly stop: every ``finally`` runs, in-flight
+    requests are cancelled (their connections closed), buffered rows are flushed, the report is
+    written and a launched server stopped. A signal handler that raises (Python's, or Prefect's
+    ``TerminationSignal`` in a deployment's firing) lands in whatever task happens to run: it kills
+    that task mid-step, and in a firing the run went on as if no stop had been asked. Only the first
+    SIGTERM counts: a second cancellation landed in the final flush and skipped the rest of it
+    (systemd and uv may each pass a SIGTERM on); ``kill -9`` still stops it at once.
+    """
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    previous = signal.getsignal(signal.SIGTERM)
+    termination = Termination()
+
+    def terminate() -> None:
+        if termination.received:
+            return
+        termination.received = True
+        if main is not None:
+            main.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        yield termination
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        if previous is not None:  # Prefect's engine expects its own handler back for its teardown
+            signal.signal(signal.SIGTERM, previous)
 
 
 DEMO_CONFIG = "demo.toml"

@@ -21,7 +21,7 @@ from flows.cli.console import LiveProgress, answer, console, fail, print_status
 from flows.config import ConfigError, load_config
 from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
-from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir
+from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir, sigterm_stops_run
 from flows.store.location import LocationError
 from flows.store.parts import Part, PartError
 from flows.store.run_lock import RunLocked
@@ -44,37 +44,14 @@ class _Terminated(Exception):
 
 
 async def _stoppable(make: Callable[[], Coroutine[Any, Any, object]]) -> object:
-    """Run ``make()`` so that SIGTERM (a scheduler, `kill`) stops it like Ctrl-C does.
-
-    asyncio answers Ctrl-C by cancelling the main task: every ``finally`` runs, in-flight requests
-    are cancelled (their connections closed) and buffered rows are flushed. SIGTERM gets the same
-    path. A plain signal handler raising KeyboardInterrupt would land in whatever task happens to
-    run, killing it mid-step (a flush, a shard write) and leaving a traceback behind.
-    """
-    loop = asyncio.get_running_loop()
-    main = asyncio.current_task()
-    terminated = False
-
-    def terminate() -> None:
-        """The first SIGTERM stops the run; later ones are let go: a second cancellation landed in the
-        final flush and skipped the rest of it, the report and the server's stop (systemd and uv
-        may each pass a SIGTERM on). ``kill -9`` still stops it at once, as safely as ever."""
-        nonlocal terminated
-        if terminated:
-            return
-        terminated = True
-        if main is not None:
-            main.cancel()
-
-    loop.add_signal_handler(signal.SIGTERM, terminate)
-    try:
-        return await make()
-    except asyncio.CancelledError:
-        if terminated:
-            raise _Terminated from None
-        raise
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+    """Run ``make()`` so that SIGTERM (a scheduler, `kill`) stops it like Ctrl-C (``sigterm_stops_run``)."""
+    with sigterm_stops_run() as termination:
+        try:
+            return await make()
+        except asyncio.CancelledError:
+            if termination.received:
+                raise _Terminated from None
+            raise
 
 
 def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:

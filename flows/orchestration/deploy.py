@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from flows.config import RunConfig, load_config
 from flows.orchestration.zombies import HEARTBEAT_ENV, HEARTBEAT_S
 from flows.report.status import RunStatus, run_status
-from flows.runner import execute
+from flows.runner import execute, sigterm_stops_run
 from flows.store.parts import Part
 from flows.store.run_lock import RunLocked
 
@@ -117,26 +117,34 @@ async def fire(
     """One firing: run (or resume) the config, or skip it when its run directory is busy.
 
     Returns the line that ends the firing (also said through ``say``): what it added, "nothing left
-    to do", or "skipped: run X is busy".
+    to do", or "skipped: run X is busy". SIGTERM stops it in order (``sigterm_stops_run``) and raises
+    ``CancelledError``, which Prefect's engine records as the firing's cancellation.
     """
     config = load_config(config_path)
     if fresh_run_names:
         config = _renamed(config, fresh_run_name(config.run.name, scheduled))
     name = config.run.name
     before = _settled(config, part)
-    try:
-        status = await execute(config, part=part)
-    except RunLocked as error:
-        line = f"skipped: run {name} is busy ({error})"
-    else:
-        after = _written_by(status, part)
-        if after == before:
-            line = f"nothing left to do: run {name} has {status.rows} rows and {status.rejects} rejects"
+    # a cancel from the UI (or the worker stopping) is SIGTERM, then SIGKILL after a grace: an orderly
+    # stop within the grace, like `datagen run`'s, not Prefect's handler raising inside a request task
+    with sigterm_stops_run() as termination:
+        try:
+            status = await execute(config, part=part)
+        except RunLocked as error:
+            line = f"skipped: run {name} is busy ({error})"
+        except asyncio.CancelledError:
+            if termination.received:  # the engine marks the firing Cancelled (Crashed for a bare kill)
+                say(f"stopped by SIGTERM: run {name}'s finished rows are saved; the next firing resumes it")
+            raise
         else:
-            line = (
-                f"run {name} now has {status.rows} rows and {status.rejects} rejects "
-                f"(+{after[0] - before[0]} rows in this firing)"
-            )
+            after = _written_by(status, part)
+            if after == before:
+                line = f"nothing left to do: run {name} has {status.rows} rows and {status.rejects} rejects"
+            else:
+                line = (
+                    f"run {name} now has {status.rows} rows and {status.rejects} rejects "
+                    f"(+{after[0] - before[0]} rows in this firing)"
+                )
     say(line)
     return line
 

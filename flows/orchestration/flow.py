@@ -224,9 +224,10 @@ def _own_sigterm(handler: SigtermHandler) -> None:
 
     Prefect swaps SIGTERM, for each flow run and subflow, for a handler that raises
     ``TerminationSignal`` in whatever code runs when the signal lands (a request task, a shard
-    write): a traceback per task, runs marked crashed mid-step. The run's own stop (``datagen run``
-    cancels its main task, as for Ctrl-C: everything read is flushed) is the handler that was there
-    before the flow started; Prefect restores its saved one when the body ends.
+    write): a traceback per task, runs marked crashed mid-step. The run's own stop
+    (``sigterm_stops_run``, in ``datagen run`` and in a deployment's firing: its task is cancelled, as
+    for Ctrl-C, and everything read is flushed) is the handler that was there before the flow
+    started; Prefect restores its saved one when the body ends.
     """
     if handler is not None:
         signal.signal(signal.SIGTERM, handler)

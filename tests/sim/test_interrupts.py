@@ -10,15 +10,23 @@ could kill a task mid-step and print a traceback).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import signal
+import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from pipeline_support import check_run, datagen, never_flush, rows_on_disk, write_config, write_prompts
+from prefect.exceptions import TerminationSignal
 
-from sglang_launch.simulator import SimConfig, SimulatorProcess
+from flows.orchestration.deploy import fire
+from sglang_launch.ports import free_port
+from sglang_launch.simulator import SimConfig, SimulatorProcess, simulator_in_thread
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 STOP_BOUND_S = 10.0  # measured: 1-2 s on the 2 shared cores; generous for a loaded CI box
@@ -70,3 +78,52 @@ def _wait(condition: object, what: str, timeout_s: float = 60) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"no {what} after {timeout_s} s"
         time.sleep(0.05)
+
+
+def test_a_cancelled_firing_stops_in_order_and_the_next_firing_completes_it_exactly_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancel from the Prefect UI (or the worker stopping) is SIGTERM to the firing's process, then
+    SIGKILL after a grace. Prefect's engine has swapped SIGTERM for a handler raising
+    ``TerminationSignal`` (``capture_sigterm``, entered here as the engine enters it; the API is down,
+    so the firing runs without Prefect). Before: the signal killed whichever request task ran ("Task
+    exception was never retrieved") and the firing went on to its end as if no stop had been asked,
+    so the SIGKILL after the grace lost every row not yet flushed."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.utilities.engine import capture_sigterm
+
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 600)
+    run_dir = tmp_path / "fired"
+    said: list[str] = []
+    nowhere = {PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}
+    with simulator_in_thread(SimConfig(**FAST)) as sim, temporary_settings(updates=nowhere):
+        config = write_config(
+            tmp_path / "run.toml", name="fired", output_dir=tmp_path, url=sim.url, source=source
+        )
+        never_flush(config)  # rows reach the disk only through a stop's final flush
+        firing = functools.partial(
+            fire, config, fresh_run_names=False, scheduled=datetime.now(UTC), say=said.append
+        )
+
+        def cancel_after_100_answers() -> None:
+            _wait(
+                lambda: httpx.get(sim.url + "/sim/stats").json()["requests_completed"] >= 100, "100 answers"
+            )
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=cancel_after_100_answers, daemon=True).start()
+        with capture_sigterm(), pytest.raises(asyncio.CancelledError):  # the engine's cancellation
+            asyncio.run(firing())
+        stopped = check_run(run_dir)
+        assert said == ["stopped by SIGTERM: run fired's finished rows are saved; the next firing resumes it"]
+        assert 0 < len(stopped.row_ids) + len(stopped.reject_ids) < 600, (
+            "flushed at the stop, not run to the end"
+        )
+        assert stopped.duplicates == 0 and stopped.corrupt_files == []
+        assert (run_dir / "report.md").exists()
+        assert not [r for r in caplog.records if r.exc_info and r.exc_info[0] is TerminationSignal]
+        asyncio.run(firing())  # the next firing
+    done = check_run(run_dir)
+    assert sorted(done.row_ids + done.reject_ids) == sorted(set(done.row_ids + done.reject_ids))
+    assert len(done.row_ids) + len(done.reject_ids) == 600
