@@ -188,10 +188,6 @@ async def _deployment(
     job_variables = (
         {"working_dir": str(Path.cwd()), "env": {HEARTBEAT_ENV: str(HEARTBEAT_S)}} if pool else None
     )
-    # a firing due while the previous one still runs is Cancelled by the server before any process
-    # starts: firings every few minutes of a run of days would otherwise pile up as processes, each
-    # only to find the lock taken (or, with fresh names, to compete for the same servers)
-    one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
     return await scheduled_run.ato_deployment(
         name=name,
         cron=schedule.cron,
@@ -201,8 +197,25 @@ async def _deployment(
         entrypoint_type=EntrypointType.MODULE_PATH,
         work_pool_name=pool,
         job_variables=job_variables,
-        concurrency_limit=one_at_a_time,
+        concurrency_limit=_one_at_a_time(fresh_run_names),
     )
+
+
+def _one_at_a_time(fresh_run_names: bool) -> ConcurrencyLimitConfig | None:
+    """The deployment's concurrency limit: one firing at a time with fresh run names, none otherwise.
+
+    A deployment with a concurrency limit gives each firing a lease that Prefect's engine renews
+    every 225 s and, when a renewal fails, cancels the firing (``raise_on_lease_renewal_failure``,
+    fixed in Prefect 3.9's ``flow_engine.py``): a Prefect API away for a few minutes stopped a run
+    of days, and the cancel, repeated at every await, cut its final flush short (measured: the rows
+    read were not written). A firing of one run needs no limit: the run's own lock lets one firing
+    write it and the others end "skipped: run X is busy" in about 10 s. With fresh run names each
+    firing is a new run that would compete for the same servers, so the limit stays (a firing due
+    while the previous one runs is Cancelled before any process starts), with that risk.
+    """
+    if not fresh_run_names:
+        return None
+    return ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
 
 def serve(

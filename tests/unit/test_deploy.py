@@ -209,3 +209,20 @@ async def test_a_firing_of_a_run_in_an_object_store_counts_what_it_added_there(
     )
     assert await fire_run() == "run run now has 4 rows and 0 rejects (+1 rows in this firing)"
     assert await fire_run() == "nothing left to do: run run has 4 rows and 0 rejects"
+
+
+@pytest.mark.parametrize("fresh_run_names", [False, True])
+async def test_only_a_deployment_of_fresh_runs_takes_a_concurrency_lease(
+    tmp_path: Path, fresh_run_names: bool
+) -> None:
+    """A concurrency limit makes Prefect's engine hold a lease for each firing and cancel the firing
+    when a renewal fails (Prefect 3.9's ``flow_engine.py``: ``raise_on_lease_renewal_failure=True``
+    whenever the flow run carries a deployment concurrency lease): a Prefect API away for minutes
+    stopped a run of days and cut its final flush. Firings of one run have the run lock instead."""
+    deployment = await _deployment(_config(tmp_path), Schedule(interval_s=60), "d", fresh_run_names, None)
+    if fresh_run_names:  # each firing a new run: one at a time, or two would share the servers
+        assert deployment.concurrency_limit == 1
+        assert deployment.concurrency_options is not None
+        assert deployment.concurrency_options.collision_strategy == "CANCEL_NEW"
+    else:
+        assert deployment.concurrency_limit is None and deployment.concurrency_options is None
