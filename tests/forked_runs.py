@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -48,6 +49,28 @@ class Zygote:
         self._proc.stdin.write(json.dumps({"args": args, "log": str(log)}) + "\n")
         self._proc.stdin.flush()
         return int(self._proc.stdout.readline())
+
+    def killed_after(
+        self,
+        args: list[str],
+        log: Path,
+        moment_s: float,
+        meanwhile: tuple[float, Callable[[], None]] | None = None,
+    ) -> bool:
+        """One life of `datagen ARGS`, killed with SIGKILL ``moment_s`` after its start; ``meanwhile``
+        (seconds in, action) does something to its world first (an endpoint dying under it). Whether
+        the run was still going when killed: one that had ended was not killed at that moment."""
+        pid = self.start(args, log)
+        try:
+            waited = 0.0
+            if meanwhile is not None:
+                waited, action = meanwhile
+                time.sleep(waited)
+                action()
+            time.sleep(max(moment_s - waited, 0.0))
+            return alive(pid)
+        finally:
+            kill_9(pid)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

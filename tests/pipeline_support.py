@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -76,11 +76,18 @@ class RunCheck:
     reject_ids: list[str]
     reject_reasons: Counter[str]
     corrupt_files: list[Path]
+    retryable_ids: set[str] = field(default_factory=set)
+    """Rejects marked retryable: a later start asks them again, and may answer them with a row."""
 
     @property
     def duplicates(self) -> int:
         everything = self.row_ids + self.reject_ids
         return len(everything) - len(set(everything))
+
+    @property
+    def standing_reject_ids(self) -> set[str]:
+        """The rejects a run ended with: a retryable one that a later start answered is a row."""
+        return set(self.reject_ids) - (self.retryable_ids & set(self.row_ids))
 
 
 def check_run(run_dir: Path) -> RunCheck:
@@ -88,6 +95,7 @@ def check_run(run_dir: Path) -> RunCheck:
     rows: list[str] = []
     rejects: list[str] = []
     reasons: Counter[str] = Counter()
+    retryable: set[str] = set()
     corrupt: list[Path] = []
     for kind, target in (("data", rows), ("rejects", rejects)):
         for path in sorted((run_dir / kind).rglob("*.parquet")):
@@ -101,7 +109,11 @@ def check_run(run_dir: Path) -> RunCheck:
             target.extend(table.column("id").to_pylist())
             if kind == "rejects":
                 reasons.update(table.column("reason").to_pylist())
-    return RunCheck(rows, rejects, reasons, corrupt)
+                marked = zip(
+                    table.column("id").to_pylist(), table.column("retryable").to_pylist(), strict=True
+                )
+                retryable.update(rid for rid, again in marked if again)
+    return RunCheck(rows, rejects, reasons, corrupt, retryable)
 
 
 def datagen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from forked_runs import Zygote, alive, kill_9
+from forked_runs import Zygote
 from pipeline_support import check_run, datagen, rows_on_disk, write_config, write_prompts
 
 from sglang_launch.simulator import SimConfig, SimulatorProcess
@@ -43,12 +43,8 @@ def test_20_kills_of_one_run_lose_and_duplicate_nothing(tmp_path: Path) -> None:
         with Zygote() as zygote:
             for life in range(KILLS):
                 moment = rng.uniform(0.0, WINDOW_S)
-                pid = zygote.start(args, tmp_path / f"life-{life:02d}.log")
-                try:
-                    time.sleep(moment)
-                    assert alive(pid), f"seed {seed}: life {life} ended before its kill"
-                finally:
-                    kill_9(pid)
+                killed = zygote.killed_after(args, tmp_path / f"life-{life:02d}.log", moment)
+                assert killed, f"seed {seed}: life {life} ended before its kill"
                 moments.append(moment)
                 progress.append(rows_on_disk(run_dir))
                 partial = check_run(run_dir)
