@@ -13,8 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from flows.report.live import run_progress
-from flows.report.status import RunStatus, commonest_reasons
+from flows.report.status import RunStatus
 from flows.report.summary import report_name
+from flows.run.reasons import commonest_reasons
 from flows.run.session import RunSession
 
 SHOWN_REASONS = 20

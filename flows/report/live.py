@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flows.report.status import commonest_reasons
+from flows.run.reasons import commonest_reasons
 
 if TYPE_CHECKING:
     from flows.report.status import CategoryStatus

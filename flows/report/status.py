@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import posixpath
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,23 +71,6 @@ class RunStatus:
             }
             for part in ordered
         }
-
-
-OTHER_REASONS = "other reasons (each in the rejects table)"
-
-
-def commonest_reasons(reasons: Mapping[str, int], shown: int) -> list[tuple[str, int]]:
-    """The ``shown`` commonest reasons, then ``OTHER_REASONS`` summing up the others (and those a
-    live tally summed already): a server's refusal quotes each prompt's own numbers, so a week of
-    long prompts is thousands of one-off reasons, which hid the ones that matter in `datagen status`
-    and were sent whole with every refresh of the Prefect card."""
-    ranked = sorted(
-        ((reason, n) for reason, n in reasons.items() if reason != OTHER_REASONS),
-        key=lambda item: (-item[1], item[0]),
-    )
-    top = ranked[:shown]
-    rest = reasons.get(OTHER_REASONS, 0) + sum(n for _, n in ranked[shown:])
-    return [*top, (OTHER_REASONS, rest)] if rest else top
 
 
 def category_status(store: RunStore, name: str, limit: int | None = None) -> CategoryStatus:

@@ -23,9 +23,9 @@ from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig
 from flows.control.demand import CategoryDemand
 from flows.control.limiter import GateClosed, Lane, Limiter
-from flows.report.status import OTHER_REASONS
 from flows.run.prompt_stream import Ask, Reject
 from flows.run.quality import TRUNCATED
+from flows.run.reasons import OTHER_REASONS
 from flows.run.regen import regenerate
 from flows.run.rows import output_row, reject_row
 from flows.store.run_store import ShardWriter

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from flows.cli.main import app
-from flows.report.status import OTHER_REASONS
 from flows.run.pump import MAX_REJECT_REASONS, Tally
+from flows.run.reasons import OTHER_REASONS
 from flows.run.rows import reject_row
 from flows.store.run_store import RunStore
 
