@@ -25,6 +25,8 @@ from types import TracebackType
 
 # No native threads in the zygote besides jemalloc's (fork-safe): OpenBLAS would start one per core.
 _ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+ONCE_TIMEOUT_S = 120.0
+"""How long a life may take to reach the progress its kill waits for."""
 
 
 class Zygote:
@@ -56,18 +58,27 @@ class Zygote:
         log: Path,
         moment_s: float,
         meanwhile: tuple[float, Callable[[], None]] | None = None,
+        once: Callable[[], bool] | None = None,
     ) -> bool:
-        """One life of `datagen ARGS`, killed with SIGKILL ``moment_s`` after its start; ``meanwhile``
-        (seconds in, action) does something to its world first (an endpoint dying under it). Whether
-        the run was still going when killed: one that had ended was not killed at that moment."""
+        """One life of `datagen ARGS`, killed with SIGKILL ``moment_s`` after its start, or, given
+        ``once``, ``moment_s`` after ``once()`` first holds (a point of progress, so that the kill
+        lands mid-run on a machine of any speed); ``meanwhile`` (seconds in, action) does something to
+        its world first (an endpoint dying under it). Whether the run was still going when killed:
+        one that had ended was not killed at that moment."""
         pid = self.start(args, log)
         try:
-            waited = 0.0
+            since = time.monotonic()
             if meanwhile is not None:
                 waited, action = meanwhile
                 time.sleep(waited)
                 action()
-            time.sleep(max(moment_s - waited, 0.0))
+            if once is not None:
+                deadline = time.monotonic() + ONCE_TIMEOUT_S
+                while alive(pid) and not once():
+                    assert time.monotonic() < deadline, f"{log.name}: no progress in {ONCE_TIMEOUT_S} s"
+                    time.sleep(0.05)
+                since = time.monotonic()
+            time.sleep(max(since + moment_s - time.monotonic(), 0.0))
             return alive(pid)
         finally:
             kill_9(pid)

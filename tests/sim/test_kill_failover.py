@@ -13,6 +13,7 @@ and ``datagen status`` saying the same.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -75,6 +76,10 @@ def _config(tmp_path: Path, source: Path, urls: list[str]) -> Path:
     return config
 
 
+def _holds(run_dir: Path, rows: int) -> bool:
+    return rows_on_disk(run_dir) >= rows
+
+
 @pytest.mark.slow
 def test_kills_of_a_run_failing_over_between_three_endpoints_lose_and_duplicate_nothing(
     tmp_path: Path,
@@ -86,6 +91,8 @@ def test_kills_of_a_run_failing_over_between_three_endpoints_lose_and_duplicate_
     source = tmp_path / "prompts.jsonl"
     records, rejects = _source(source)
     run_dir = tmp_path / "moved"
+    # each life is killed a moment after the run holds a number of rows: mid-run however fast the machine
+    targets = sorted(rng.sample(range(20, LIMIT * 2 // 3), kills))
     moments: list[float] = []
     progress: list[int] = []
     slow = SimConfig(**SIM, faults=FaultConfig(extra_latency_s=1.5))
@@ -98,10 +105,12 @@ def test_kills_of_a_run_failing_over_between_three_endpoints_lose_and_duplicate_
         args = ["run", str(config), "--no-prefect"]
         with Zygote() as zygote:
             for life in range(kills):
-                moment = rng.uniform(1.0, 4.0)
+                moment = rng.uniform(0.0, 1.0)
                 # the endpoint dies for good in one life, its requests in flight: never back in this run
-                death = (rng.uniform(0.2, moment), doomed.kill) if life == dies_in else None
-                killed = zygote.killed_after(args, tmp_path / f"life-{life}.log", moment, death)
+                death = (rng.uniform(0.2, 1.5), doomed.kill) if life == dies_in else None
+                log = tmp_path / f"life-{life}.log"
+                reached = functools.partial(_holds, run_dir, targets[life])
+                killed = zygote.killed_after(args, log, moment, death, once=reached)
                 assert killed, f"seed {seed}: life {life} ended before its kill"
                 moments.append(moment)
                 progress.append(rows_on_disk(run_dir))
@@ -120,8 +129,8 @@ def test_kills_of_a_run_failing_over_between_three_endpoints_lose_and_duplicate_
     final = check_run(run_dir)
     rows, standing = set(final.row_ids), final.standing_reject_ids
     finals = [rid for rid in final.reject_ids if rid not in final.retryable_ids]
-    kills_at = [round(m, 2) for m in moments]
-    where = f"seed {seed}; {kills} kills at {kills_at} s, the endpoint died in life {dies_in}"
+    kills_at = [f"{held} rows + {m:.2f} s" for held, m in zip(targets, moments, strict=True)]
+    where = f"seed {seed}; {kills} kills at {kills_at}, the endpoint died in life {dies_in}"
     assert final.corrupt_files == [] and not list((run_dir / "quarantine").rglob("*.parquet")), where
     assert not list(run_dir.rglob(".tmp-*")), where
     assert len(final.row_ids) == len(rows) and len(finals) == len(set(finals)), where  # no id twice
