@@ -16,6 +16,7 @@ from pathlib import Path
 import pynvml
 
 from sglang_launch.argv import redact_argv
+from sglang_launch.procfs import PROC
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ class GpuUnavailableError(RuntimeError):
     """NVML cannot be used here (no NVIDIA driver, no GPU, no permission): one line for people."""
 
 
-def describe_process(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, str]:
+def describe_process(pid: int, proc_root: Path = PROC) -> tuple[str, str]:
     """``(name, redacted command line)`` of ``pid`` from /proc; empty strings when it is not visible."""
     base = proc_root / str(pid)
     try:
@@ -78,7 +79,7 @@ def describe_process(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, st
     return name, " ".join(redact_argv(argv))  # a process list must not leak a server's key
 
 
-def read_gpus(proc_root: Path = Path("/proc")) -> GpuSnapshot:
+def read_gpus(proc_root: Path = PROC) -> GpuSnapshot:
     """Query every GPU's memory and the processes holding it.
 
     Raises :class:`GpuUnavailableError` (never a raw NVML traceback) when NVML is unusable.

@@ -31,7 +31,7 @@ from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, sec
 from sglang_launch.logparse import ServerLog, StartupFailure, parse_log
 from sglang_launch.ports import free_port
 from sglang_launch.probe import Outcome, kv_capacity, server_info, wait_healthy
-from sglang_launch.procfs import processes
+from sglang_launch.procfs import PROC, processes
 from sglang_launch.server_config import ServerConfig
 from sglang_launch.server_record import read_records, record_server
 
@@ -215,7 +215,7 @@ def _shm_files_in_use() -> set[Path]:
     """/dev/shm files that a live process we can inspect has open (fd) or mapped (mmap, semaphores)."""
     prefix = f"{_SHM_DIR}/"
     in_use: set[Path] = set()
-    for proc in Path("/proc").glob("[0-9]*"):
+    for proc in PROC.glob("[0-9]*"):
         with contextlib.suppress(OSError):
             for fd in (proc / "fd").iterdir():
                 with contextlib.suppress(OSError):
