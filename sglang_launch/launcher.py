@@ -383,7 +383,11 @@ def _attempt(
         argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg), port
     )
     try:
-        outcome = wait_healthy(url, process.alive, timeout_s=cfg.startup_timeout_s, poll_s=cfg.health_poll_s)
+        # the key goes with the wait as with every probe: SGLang ignores it on /health, the server it
+        # goes to is the one it was given to, and a wrapper that checks it would otherwise time out
+        outcome = wait_healthy(
+            url, process.alive, timeout_s=cfg.startup_timeout_s, poll_s=cfg.health_poll_s, api_key=api_key
+        )
         kv = _kv_capacity(url, log_path, api_key) if outcome == "ready" else None
     except BaseException:  # Ctrl-C / SIGTERM while starting: never leave the server behind
         process.stop(cfg.stop_grace_s)

@@ -96,11 +96,14 @@ FAKE_SERVER = textwrap.dedent(
             self.wfile.write(body)
         def do_GET(self):
             warm = time.monotonic() - started > float(os.environ.get("FAKE_WARMUP_S", "0.2"))
-            if self.path == "/health":
+            key = arg("--api-key")
+            keyed = key and self.headers.get("Authorization") == f"Bearer {key}"
+            if self.path == "/health" and os.environ.get("FAKE_KEY_ON_HEALTH") and not keyed:
+                self._send(401)  # a gateway in front of the engine checks the key on every path
+            elif self.path == "/health":
                 self._send(200 if warm and not os.environ.get("FAKE_HANG") else 503)
             elif self.path == "/get_server_info" and not os.environ.get("FAKE_NO_INFO"):
-                key = arg("--api-key")
-                if key and self.headers.get("Authorization") != f"Bearer {key}":
+                if key and not keyed:
                     self._send(401)
                 else:
                     self._send(200, json.dumps({"max_total_num_tokens": kv}).encode())
@@ -321,6 +324,21 @@ def test_api_key_reaches_the_server_but_never_the_log(
     assert "--api-key '***'" in log or "--api-key ***" in log
     assert "'api_key': '***'" in log
     assert "sk-very-secret" not in log
+
+
+def test_the_wait_for_a_started_server_sends_its_key_where_health_checks_it(
+    fake_cfg: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang leaves /health open, but a server started through a wrapper that checks the key on
+    every path (as a gateway's /health does) must still be seen to come up, not time out."""
+    monkeypatch.setenv("FAKE_SGLANG_KEY", "sk-very-secret")
+    cfg = with_env(fake_cfg, FAKE_KEY_ON_HEALTH="1").model_copy(
+        update={"api_key_env": "FAKE_SGLANG_KEY", "startup_timeout_s": 3}
+    )
+    handle, attempts = launch_with_ladder(cfg)
+    with handle:
+        assert [a.outcome for a in attempts] == ["ready"]
+    assert "sk-very-secret" not in attempts[0].log_path.read_text()
 
 
 def test_missing_api_key_variable_is_named(fake_cfg: ServerConfig, monkeypatch: pytest.MonkeyPatch) -> None:
