@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import signal
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -95,20 +96,28 @@ async def execute(
             + "): fix the category's `source`, or remove the category; nothing was sent"
         )
     with RunLock(config.run_dir, part):  # one orchestrator per run directory (and part), refused at once
-        say = display.warn if display is not None else log.warning
+        # warnings for the person running it: the CLI's `warning:` lines, else the log (a deployment's
+        # worker); "%s" so that a message holding a % (a category named "50%") is not a format
+        say = display.warn if display is not None else functools.partial(log.warning, "%s")
         link: PrefectLink | None = await open_link(say) if use_prefect else None
-        return await _run_session(config, link, force=force, display=display, part=part)
+        return await _run_session(config, link, force=force, display=display, part=part, say=say)
 
 
 async def _run_session(
-    config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None, part: Part | None
+    config: RunConfig,
+    link: PrefectLink | None,
+    *,
+    force: bool,
+    display: RunDisplay | None,
+    part: Part | None,
+    say: Callable[[str], None],
 ) -> RunStatus:
     secrets: SecretLoader | None = None
     if link is not None:  # Secret blocks live in Prefect: the orchestration room reads them
         from flows.orchestration.secrets import load_secret
 
         secrets = load_secret
-    session = RunSession(config, force=force, part=part, secrets=secrets)
+    session = RunSession(config, force=force, part=part, secrets=secrets, say=say)
     session.reporters.append(ProgressLog(config.run_dir))
     if display is not None:
         session.reporters.append(display.update)

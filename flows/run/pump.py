@@ -85,13 +85,23 @@ class Tally:
         self.reject_reasons = {**dict(kept), OTHER_REASONS: other}
 
 
+Say = Callable[[str], None]
+"""Tells the person running the run one line they should read (the run goes on)."""
+
+
+def log_warning(message: str) -> None:
+    """``Say`` where nobody watches a display (a Prefect worker, a library call): the log."""
+    log.warning("%s", message)
+
+
 @dataclass
 class CategorySink:
-    """Where one category's results go."""
+    """Where one category's results go, and who is told about them while the run goes on."""
 
     rows: ShardWriter
     rejects: ShardWriter
     tally: Tally
+    say: Say = log_warning
 
 
 def _source(record: PromptRecord) -> dict[str, object]:
@@ -202,7 +212,7 @@ async def _ask(
     tally.rows += 1
     finish = str(row["finish_reason"])
     tally.finish_reasons[finish] = tally.finish_reasons.get(finish, 0) + 1
-    _watch_quality(category.name, tally, row["flags"])
+    _watch_quality(category.name, sink, row["flags"])
     tally.prompt_tokens += usage.prompt_tokens
     tally.completion_tokens += usage.completion_tokens
     tally.reasoning_tokens += usage.reasoning_tokens
@@ -213,25 +223,25 @@ WATCHED_ROWS = 32
 LEFT_OUT_ALARM = 0.9
 
 
-def _watch_quality(category: str, tally: Tally, flags: list[str]) -> None:
+def _watch_quality(category: str, sink: CategorySink, flags: list[str]) -> None:
     """Say once, at a category's ``WATCHED_ROWS``-th row, when nearly all its rows so far are left
     out of training: a thinking model whose answers all end inside the reasoning (a reasoning parser
     that takes the answer, a ``max_tokens`` too small to finish thinking) makes rows that are all
-    flagged, and a week of GPU time went into them with the numbers in the report only at the end."""
+    flagged, and a week of GPU time went into them with the numbers in the report only at the end.
+    Said through ``sink.say``: at the terminal the CLI's ``warning:`` line, not a log line that the
+    progress bar's redraws bury."""
+    tally = sink.tally
     if flags:
         tally.left_out += 1
         tally.flags.update(flags)
     if tally.rows != WATCHED_ROWS or tally.left_out < LEFT_OUT_ALARM * WATCHED_ROWS:
         return
     seen = ", ".join(f"{flag} {n}" for flag, n in tally.flags.most_common())
-    log.warning(
-        "category %s: %d of its first %d rows are left out of training (%s): 'truncated' means a "
-        "max_tokens too small (for a thinking model, to finish thinking); 'empty' with reasoning, a "
-        "reasoning parser that took the answer. The run goes on; stop it to change the config.",
-        category,
-        tally.left_out,
-        WATCHED_ROWS,
-        seen,
+    sink.say(
+        f"category {category}: {tally.left_out} of its first {WATCHED_ROWS} rows are left out of "
+        f"training ({seen}): 'truncated' means a max_tokens too small (for a thinking model, to "
+        "finish thinking); 'empty' with reasoning, a reasoning parser that took the answer. The run "
+        "goes on; stop it to change the config."
     )
 
 
