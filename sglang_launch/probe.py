@@ -1,7 +1,8 @@
 """Asking a server how it is: the one health poller and the one server-info reader.
 
 The launcher waits on ``wait_healthy`` for a server it started; a run's endpoint guard asks
-``is_healthy`` when requests fail; the controller reads the KV capacity through ``server_info``.
+``is_healthy_async`` when requests fail and when it probes the endpoints given up on; the controller
+reads the KV capacity through ``server_info``.
 SGLang answers ``/health`` 503 while it starts; vLLM and the simulator answer it too.
 Every reader of an endpoint trusts the same CAs as its requests (``tls_context``).
 """
@@ -55,6 +56,21 @@ def is_healthy(
         response = httpx.get(
             f"{url}/health", headers=headers, timeout=timeout_s, verify=tls_context(ca_bundle)
         )
+        return response.status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def is_healthy_async(
+    url: str, *, api_key: str | None = None, timeout_s: float = 5.0, ca_bundle: str | None = None
+) -> bool:
+    """``is_healthy`` for async code, without a thread: a silent host's check lasts its whole
+    timeout, and in ``asyncio.to_thread`` it held one of the default pool's few threads (min(32,
+    cores + 4)) that the run's other blocking work shares: new connections' address lookups,
+    shard writes, prompt reads. Many silent endpoints stalled all of it every probe round."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, verify=tls_context(ca_bundle)) as client:
+            response = await client.get(f"{url}/health", headers=auth_headers(api_key))
         return response.status_code == 200
     except httpx.HTTPError:
         return False

@@ -20,7 +20,7 @@ from typing import TypeVar
 from flows.client.endpoint import EndpointClient
 from flows.client.errors import TransientRequestError
 from sglang_launch.engine import Engine
-from sglang_launch.probe import is_healthy
+from sglang_launch.probe import is_healthy_async
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,7 +72,8 @@ class EndpointGuard:
         return self.up
 
     async def healthy(self) -> bool:
-        return await asyncio.to_thread(is_healthy, self.url, api_key=self._api_key, ca_bundle=self.ca_bundle)
+        """``GET /health`` answered 200; async, so that many silent endpoints hold no threads."""
+        return await is_healthy_async(self.url, api_key=self._api_key, ca_bundle=self.ca_bundle)
 
     async def recover(self, patience_s: float | None = None) -> bool:
         """True once the endpoint serves again; False after ``patience_s`` (default: the guard's)."""
