@@ -113,8 +113,15 @@ def read_memory(indices: Collection[int] | None = None) -> list[tuple[int, int]]
     except pynvml.NVMLError as exc:
         raise GpuUnavailableError(f"cannot read NVIDIA GPUs through NVML: {exc}") from exc
     try:
+        count = pynvml.nvmlDeviceGetCount()
+        absent = sorted(set(indices or ()) - set(range(count)))
+        if absent:
+            raise GpuUnavailableError(
+                f"no GPU {','.join(map(str, absent))} on this machine: NVML counts {count} GPUs"
+                + (f" (0-{count - 1}, as nvidia-smi numbers them)" if count else "")
+            )
         readings = []
-        for index in range(pynvml.nvmlDeviceGetCount()) if indices is None else sorted(indices):
+        for index in range(count) if indices is None else sorted(indices):
             mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
             readings.append((int(mem.free), int(mem.total)))
     except pynvml.NVMLError as exc:

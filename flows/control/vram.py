@@ -6,10 +6,11 @@ means the server let go of its pool (it died or restarts). Read through NVML for
 machine, or from a DCGM exporter's ``DCGM_FI_DEV_FB_FREE`` for a remote server. The tightest GPU
 counts: one GPU out of memory stops a tensor-parallel server.
 
-Only the server's own GPUs count where they can be known: through NVML, those whose compute
-processes belong to the process tree listening on the endpoint's port. Read over every GPU of the
-node, another job's full GPU backed a server off at every tick, one of eight servers (one per GPU)
-out of memory backed off all eight, and the full GPU hid the server's own memory being let go.
+Only the server's own GPUs count where they can be known: those its endpoint's ``gpus`` names
+(read through NVML or DCGM), else through NVML those whose compute processes belong to the process
+tree listening on the endpoint's port. Read over every GPU of the node, another job's full GPU
+backed a server off at every tick, one of eight servers (one per GPU) out of memory backed off all
+eight, and the full GPU hid the server's own memory being let go.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import logging
 import math
 import urllib.parse
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +50,33 @@ def tightest(readings: list[tuple[int, int]]) -> VramSample | None:
     return VramSample(free, total)
 
 
-def parse_dcgm(text: str) -> VramSample | None:
-    """A DCGM exporter's metrics (framebuffer sizes in MiB, one series per ``gpu`` label).
+class MissingGpus(ValueError):
+    """A DCGM exporter has no series for a GPU the endpoint's ``gpus`` names."""
 
-    A value that is no size (NaN, ±Inf, below zero) leaves its series out: an infinite one raised at
-    every tick, a negative one read as the tightest GPU."""
+
+def parse_dcgm(text: str, gpus: Collection[int] | None = None) -> VramSample | None:
+    """A DCGM exporter's metrics (framebuffer sizes in MiB, one series per ``gpu`` label): the
+    tightest of the GPUs ``gpus`` names (nvidia-smi's numbers, as the label), or of every GPU.
+
+    A named GPU without a series raises :class:`MissingGpus`: the tightest of the others could be
+    another server's (``gpus`` counted in a CUDA_VISIBLE_DEVICES, or the exporter of another node)."""
+    memory = _dcgm_memory(text)
+    if gpus is None:
+        return tightest(list(memory.values()))
+    missing = [str(index) for index in sorted(gpus) if str(index) not in memory]
+    if missing:
+        listed = ",".join(sorted(memory, key=lambda label: (len(label), label))) or "none"
+        raise MissingGpus(
+            f"has no DCGM_FI_DEV_FB_FREE series for GPU {','.join(missing)} of the endpoint's gpus "
+            f"(it lists GPU {listed}): gpus are nvidia-smi's numbers of the server's GPUs, on the "
+            "node whose exporter this is"
+        )
+    return tightest([memory[str(index)] for index in gpus])
+
+
+def _dcgm_memory(text: str) -> dict[str, tuple[int, int]]:
+    """``gpu`` label -> (free, total) bytes. A value that is no size (NaN, ±Inf, below zero) leaves
+    its series out: an infinite one raised at every tick, a negative one read as the tightest GPU."""
     free: dict[str, float] = {}
     used: dict[str, float] = {}
     reserved: dict[str, float] = {}
@@ -62,8 +86,7 @@ def parse_dcgm(text: str) -> VramSample | None:
             if sample.name in wanted and math.isfinite(sample.value) and sample.value >= 0:
                 wanted[sample.name][sample.labels.get("gpu", "0")] = sample.value
     totals = {gpu: f + used.get(gpu, 0.0) + reserved.get(gpu, 0.0) for gpu, f in free.items()}
-    readings = [(int(f * MIB), int(totals[gpu] * MIB)) for gpu, f in free.items()]
-    return tightest(readings)
+    return {gpu: (int(f * MIB), int(totals[gpu] * MIB)) for gpu, f in free.items()}
 
 
 def server_gpus(port: int, proc_root: Path = PROC) -> tuple[frozenset[int] | None, str]:
@@ -89,9 +112,11 @@ def server_gpus(port: int, proc_root: Path = PROC) -> tuple[frozenset[int] | Non
 class VramReader:
     """``nvml`` (GPUs on this machine) or a DCGM exporter URL; a source that fails warns once, reads None.
 
-    NVML reads the GPUs of the server at ``server_url`` (see ``server_gpus``), found at the first
-    reading and again at the first after ``relocate``: finding them walks /proc and lists every
-    GPU's processes, too heavy for every tick. Where they cannot be found it reads every GPU."""
+    ``gpus`` given (the endpoint's, nvidia-smi's numbers): both read those GPUs only, and NVML never
+    looks for the server. Else DCGM reads every GPU of its node, and NVML reads the GPUs of the server
+    at ``server_url`` (see ``server_gpus``), found at the first reading and again at the first after
+    ``relocate``: finding them walks /proc and lists every GPU's processes, too heavy for every tick.
+    Where they cannot be found it reads every GPU."""
 
     def __init__(
         self,
@@ -100,24 +125,37 @@ class VramReader:
         timeout_s: float = 2.0,
         server_url: str | None = None,
         proc_root: Path = PROC,
+        gpus: frozenset[int] | None = None,
     ) -> None:
         self.source = source
         self.server_url = server_url
         self.proc_root = proc_root
         self._http = httpx.AsyncClient(timeout=timeout_s) if source != "nvml" else None
         self._warned = False
+        self._warned_missing = False
+        """Warned once each: an exporter's passing failure must not hide that ``gpus`` names GPUs
+        it has no series for."""
         self._nvml: asyncio.Future[list[tuple[int, int]]] | None = None
         """The NVML reading under way: one at a time (see ``_read_nvml``)."""
-        self.gpus: frozenset[int] | None = None
-        """The GPUs NVML reads: the server's own once found; None reads every GPU."""
+        self.gpus: frozenset[int] | None = gpus
+        """The GPUs read: the endpoint's ``gpus``, or through NVML the server's own once found; None
+        reads every GPU."""
+        self._given = gpus is not None
         self._find_gpus = False
         """Find the server's GPUs before the next NVML reading: at the first, and after a restart."""
+        if gpus is not None:
+            log.info(
+                "%s: the OOM guard reads GPU %s (its gpus in [[endpoints]]) through %s",
+                server_url or source,
+                _indices(gpus),
+                source,
+            )
         self.relocate()
 
     def relocate(self) -> None:
         """Find the server's GPUs before the next reading (again, after a restart: the server's
-        processes are new, and may run on other GPUs)."""
-        self._find_gpus = self._http is None and self.server_url is not None
+        processes are new, and may run on other GPUs); not GPUs given, which it keeps."""
+        self._find_gpus = self._http is None and self.server_url is not None and not self._given
 
     async def read(self) -> VramSample | None:
         try:
@@ -125,7 +163,12 @@ class VramReader:
                 return tightest(await self._read_nvml())
             response = await self._http.get(self.source)
             response.raise_for_status()
-            return parse_dcgm(response.text)
+            return parse_dcgm(response.text, self.gpus)
+        except MissingGpus as error:
+            if not self._warned_missing:
+                self._warned_missing = True
+                log.warning("%s %s. No OOM guard while it has none", self.source, error)
+            return None
         except (GpuUnavailableError, httpx.HTTPError, ValueError) as error:
             if not self._warned:
                 self._warned = True

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pynvml
 import pytest
 
@@ -44,6 +45,57 @@ def test_a_dcgm_value_that_is_no_memory_size_is_not_read_and_the_other_gpus_are(
     negative one read as the tightest GPU, an OOM back-off at every tick."""
     text = DCGM.replace('modelName="NVIDIA H200"} 1200', f'modelName="NVIDIA H200"}} {odd}')
     assert parse_dcgm(text) == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
+
+
+def test_a_dcgm_reading_for_named_gpus_takes_only_their_series() -> None:
+    """The server is on GPU 0; another job fills GPU 1 of the same node. Read over every GPU of the
+    node, GPU 1 backed the server off at every tick."""
+    assert parse_dcgm(DCGM, gpus={0}) == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
+    assert parse_dcgm(DCGM, gpus={0, 1}) == parse_dcgm(DCGM)
+
+
+def _dcgm_reader(gpus: frozenset[int] | None, answers: list[str | int]) -> VramReader:
+    """A reader of an exporter that answers ``answers`` in turn (the last one again): metrics, or
+    an HTTP status."""
+    reader = VramReader("http://node-b:9400/metrics", server_url="http://node-b:30000", gpus=gpus)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        return httpx.Response(answer) if isinstance(answer, int) else httpx.Response(200, text=answer)
+
+    reader._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return reader
+
+
+async def test_a_named_gpu_the_exporter_has_no_series_for_warns_once_and_reads_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """gpus counted in the server's CUDA_VISIBLE_DEVICES, or an exporter of another node: no series for
+    a GPU named. No reading (not the other GPUs': they may be another server's), one line that says
+    what is wrong (even after the exporter's passing failure had its own), and the reading comes back
+    once the series do."""
+    reader = _dcgm_reader(frozenset({0, 7}), [503, DCGM, DCGM, DCGM.replace('gpu="1"', 'gpu="7"')])
+    try:
+        assert await reader.read() is None  # the exporter's passing failure
+        assert await reader.read() is None and await reader.read() is None
+        [failed, line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert "503" in failed
+        assert "http://node-b:9400/metrics has no DCGM_FI_DEV_FB_FREE series for GPU 7" in line
+        assert "it lists GPU 0,1" in line and "nvidia-smi" in line
+        assert await reader.read() == VramSample(1200 * MIB, (1200 + 141800 + 400) * MIB)
+    finally:
+        await reader.aclose()
+
+
+async def test_a_dcgm_reader_for_named_gpus_reads_them_and_without_every_gpu_as_before() -> None:
+    named = _dcgm_reader(frozenset({0}), [DCGM])
+    every = _dcgm_reader(None, [DCGM])
+    try:
+        assert await named.read() == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
+        assert await every.read() == VramSample(1200 * MIB, (1200 + 141800 + 400) * MIB)
+    finally:
+        await named.aclose()
+        await every.aclose()
 
 
 def test_tightest_of_nvml_readings() -> None:
@@ -270,3 +322,43 @@ async def test_after_a_restart_the_server_is_found_again_and_kept_while_it_is_no
     assert await reader.read() == VramSample(79 * GIB, GPU_TOTAL)  # not found again at every tick
     reader.relocate()
     assert await reader.read() == VramSample(int(0.2 * GIB), GPU_TOTAL) and reader.gpus == {3}
+
+
+async def test_gpus_given_are_read_through_nvml_without_looking_for_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a container NVML lists the host's pids, none of which /proc shows: the server's GPUs were not
+    found and every GPU of the node was read (the trainer's full GPU 3 backed the server off at every
+    tick). Named, they are read from the first tick, and no restart sends it looking again."""
+    gpus = busy_node()
+    gpus.pids = {index: [4242] for index in gpus.pids}  # the PID namespace hides every process
+    gpus.install(monkeypatch)
+    looked: list[int] = []
+
+    def server_gpus(port: int, proc_root: Path) -> tuple[None, str]:
+        looked.append(port)
+        return None, ""
+
+    monkeypatch.setattr(vram_module, "server_gpus", server_gpus)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    reader = VramReader(
+        "nvml", server_url="http://127.0.0.1:30000", proc_root=fake_proc(tmp_path), gpus=frozenset({0, 1})
+    )
+    assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL)
+    reader.relocate()
+    gpus.free[0] = 79 * GIB
+    assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {0, 1}
+    assert looked == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "http://127.0.0.1:30000: the OOM guard reads GPU 0,1 (its gpus in [[endpoints]]) through nvml"
+    ]
+
+
+async def test_a_gpu_named_that_this_machine_lacks_warns_once_naming_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    busy_node().install(monkeypatch)
+    reader = VramReader("nvml", server_url="http://127.0.0.1:30000", gpus=frozenset({3, 9}))
+    assert await reader.read() is None and await reader.read() is None
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "no GPU 9 on this machine: NVML counts 4 GPUs (0-3," in line
