@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -44,6 +45,24 @@ def _safe_name(value: str) -> str:
 
 
 SafeName = Annotated[str, AfterValidator(_safe_name)]
+
+
+def _vram_source(value: str) -> str:
+    """Where free GPU memory is read: the same four kinds for the run and for one endpoint."""
+    if value in ("auto", "nvml", "off") or value.startswith(("http://", "https://")):
+        return value
+    raise ValueError("must be auto, nvml, off, or a DCGM exporter URL (http://host:9400/metrics)")
+
+
+VramSource = Annotated[str, AfterValidator(_vram_source)]
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Hosts that are this machine: only there can NVML read a server's GPUs (``vram = "auto"``)."""
+
+
+def on_this_machine(url: str) -> bool:
+    """Whether ``url``'s server runs here (by its host name): only then is "auto" NVML."""
+    return urlsplit(url).hostname in LOCAL_HOSTS
 
 
 class ConfigError(ValueError):
@@ -116,6 +135,17 @@ class EndpointConfig(_Strict):
         description="PEM file of the CA(s) that signed an https endpoint's certificate (a private CA); "
         "when set, only these are trusted. Relative paths are relative to the config file.",
     )
+    vram: VramSource | None = Field(
+        default=None,
+        description="Free GPU memory for this endpoint's OOM guard, as [concurrency] vram (auto, nvml, "
+        "off, or a DCGM exporter URL: its own node's); None: [concurrency] vram.",
+    )
+    gpus: list[StrictInt] | None = Field(
+        default=None,
+        description="The server's GPUs as nvidia-smi and DCGM's `gpu` label number them (not counted in "
+        "its CUDA_VISIBLE_DEVICES), e.g. [4, 5, 6, 7]: the OOM guard reads only these. None: through "
+        "NVML, those of the processes listening on its port; through DCGM, every GPU of the node.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -159,6 +189,23 @@ class EndpointConfig(_Strict):
             raise ValueError("set api_key_env or api_key_secret, not both")
         return self
 
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_indices(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is None:
+            return None
+        if not gpus:
+            raise ValueError(
+                "list at least one GPU (the server's, as nvidia-smi numbers them, e.g. [4, 5, 6, 7]), "
+                "or leave gpus out"
+            )
+        for index in gpus:
+            if index < 0:
+                raise ValueError(f"{index} is no GPU index: nvidia-smi and DCGM number GPUs from 0")
+            if gpus.count(index) > 1:
+                raise ValueError(f"GPU {index} is listed twice: list each of the server's GPUs once")
+        return gpus
+
     @field_validator("ca_bundle")
     @classmethod
     def _existing_file(cls, value: str | None) -> str | None:
@@ -186,7 +233,7 @@ class ConcurrencyConfig(_Strict):
     min_limit: int = Field(default=1, ge=1, le=100_000)
     max_limit: int = Field(default=1024, ge=1, le=100_000)
     poll_s: float = Field(default=1.0, ge=0.2, le=60.0, description="Seconds between load readings.")
-    vram: str = Field(
+    vram: VramSource = Field(
         default="auto",
         description="Free GPU memory for the OOM guard: auto (NVML for a server on this machine), "
         "nvml, off, or a DCGM exporter's metrics URL.",
@@ -208,13 +255,6 @@ class ConcurrencyConfig(_Strict):
         "budget holds with the requests' ages spread), so the limit binds and grows while there is room.",
     )
 
-    @field_validator("vram")
-    @classmethod
-    def _vram_source(cls, value: str) -> str:
-        if value in ("auto", "nvml", "off") or value.startswith(("http://", "https://")):
-            return value
-        raise ValueError("must be auto, nvml, off, or a DCGM exporter URL (http://host:9400/metrics)")
-
     @model_validator(mode="after")
     def _consistent(self) -> ConcurrencyConfig:
         if self.mode == "fixed" and self.limit is None:
@@ -228,6 +268,10 @@ class ConcurrencyConfig(_Strict):
     @property
     def adaptive(self) -> bool:
         return self.limit is None
+
+    def vram_for(self, own: str | None) -> str:
+        """An endpoint's source of free GPU memory: its own ``vram``, else the run's."""
+        return own if own is not None else self.vram
 
     @property
     def ceiling(self) -> int:
@@ -357,7 +401,29 @@ class RunConfig(_Strict):
             raise ValueError(
                 "[server] launch = true needs model_path (the target model: a Hub id or a directory)"
             )
+        for index, endpoint in enumerate(self.endpoints):
+            self._gpus_are_read(index, endpoint)
         return self
+
+    def _gpus_are_read(self, index: int, endpoint: EndpointConfig) -> None:
+        """GPUs named for an OOM guard that reads none would be a guard silently missing: vram "off"
+        (its own, or ``[concurrency]``'s left in place), or "auto" for a server on another machine,
+        where NVML cannot see its GPUs."""
+        if endpoint.gpus is None:
+            return
+        vram = self.concurrency.vram_for(endpoint.vram)
+        whose = "this endpoint's vram" if endpoint.vram is not None else "[concurrency] vram"
+        said = f'endpoints[{index}]: gpus names the GPUs the OOM guard reads, but vram is "{vram}" ({whose})'
+        if vram == "off":
+            raise ValueError(
+                f'{said}, which reads no GPU: leave gpus out, or set this endpoint\'s vram to "nvml" '
+                "(a server on this machine) or its node's DCGM exporter URL"
+            )
+        if vram == "auto" and not on_this_machine(endpoint.url):
+            raise ValueError(
+                f"{said}, which reads no GPU for a server on another machine (NVML sees this machine's "
+                "only): set vram to its node's DCGM exporter URL (http://HOST:9400/metrics)"
+            )
 
     def generation_for(self, category: CategoryConfig) -> GenerationConfig:
         return category.generation.merged_over(self.generation.merged_over(DEFAULT_GENERATION))
@@ -453,13 +519,14 @@ def explain(error: ValidationError, source: str) -> ConfigError:
     problems = []
     for item in error.errors():
         loc = tuple(item["loc"])
-        key = _loc(loc) or "(top level)"
+        key = _loc(loc)
         if item["type"] == "extra_forbidden":
             problems.append(f"{key}: unknown key{_suggest(str(loc[-1]), _known_keys(RunConfig, loc))}")
         elif item["type"] == "missing":
             problems.append(f"{key}: required — add it")
         else:
-            problems.append(f"{key}: {item['msg'].removeprefix('Value error, ')}")
+            message = item["msg"].removeprefix("Value error, ")
+            problems.append(f"{key}: {message}" if key else message)  # the whole config's: says its keys
     if len(problems) == 1:
         return ConfigError(f"{source}: {problems[0]}")
     return ConfigError("\n".join([f"{source}: the config is not valid:", *(f"  {p}" for p in problems)]))

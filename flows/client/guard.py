@@ -160,7 +160,11 @@ class EndpointGuard:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """What a limiter lane holds: the client to send with and the guard to recover with."""
+    """What a limiter lane holds: the client to send with and the guard to recover with; and for its
+    controller's OOM guard, where its free GPU memory is read (None: ``[concurrency] vram``) and the
+    server's GPUs where the config names them."""
 
     client: EndpointClient
     guard: EndpointGuard
+    vram: str | None = None
+    gpus: frozenset[int] | None = None

@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from flows.client.guard import Endpoint
-from flows.config import ConcurrencyConfig
+from flows.config import ConcurrencyConfig, on_this_machine
 from flows.control.adaptive import AdaptiveLimit, LawSettings
 from flows.control.controller import EndpointController
 from flows.control.demand import CategoryDemand, DemandModel
@@ -38,9 +37,6 @@ def law_settings(concurrency: ConcurrencyConfig) -> LawSettings:
     )
 
 
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
 @functools.cache
 def nvml_works() -> bool:
     try:
@@ -50,15 +46,16 @@ def nvml_works() -> bool:
     return True
 
 
-def vram_reader(setting: str, url: str) -> VramReader | None:
+def vram_reader(setting: str, url: str, gpus: frozenset[int] | None = None) -> VramReader | None:
     """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly).
-    NVML reads the GPUs of the server listening on ``url``'s port (``VramReader``), not the node's."""
+    It reads ``gpus`` (the endpoint's, where the config names them), else through NVML the GPUs of
+    the server listening on ``url``'s port (``VramReader``), not the node's."""
     if setting == "off":
         return None
     if setting == "auto":
-        local = urllib.parse.urlsplit(url).hostname in LOCAL_HOSTS
-        return VramReader("nvml", server_url=url) if local and nvml_works() else None
-    return VramReader(setting, server_url=url)
+        local = on_this_machine(url) and nvml_works()
+        return VramReader("nvml", server_url=url, gpus=gpus) if local else None
+    return VramReader(setting, server_url=url, gpus=gpus)
 
 
 class Control:
@@ -82,7 +79,11 @@ class Control:
                 self.limiter,
                 self.timeline,
                 poll_s=concurrency.poll_s,
-                vram=vram_reader(concurrency.vram, lane.endpoint.client.endpoint),
+                vram=vram_reader(
+                    concurrency.vram_for(lane.endpoint.vram),
+                    lane.endpoint.client.endpoint,
+                    lane.endpoint.gpus,
+                ),
             )
             for lane, law in zip(self.limiter.lanes, laws, strict=True)
             if isinstance(law, AdaptiveLimit)

@@ -45,6 +45,8 @@ class Target:
     engine: Engine | None
     api_key_secret: str | None = None
     ca_bundle: str | None = None
+    vram: str | None = None
+    gpus: frozenset[int] | None = None
 
 
 async def _api_key(target: Target, secrets: SecretLoader | None) -> str | None:
@@ -113,7 +115,7 @@ class EndpointPool:
                     ca_bundle=target.ca_bundle,
                     api_key=key,
                 )
-                self.endpoints.append(Endpoint(client, guard))
+                self.endpoints.append(Endpoint(client, guard, target.vram, target.gpus))
             self.model = await self._resolve_model()
         except BaseException:
             await self.aclose()
@@ -128,6 +130,9 @@ class EndpointPool:
                 server = server.model_copy(update={"log_dir": self.config.run_dir / SERVER_LOGS})
             self.engine = LaunchedEngine(server)
             await asyncio.to_thread(self.engine.ensure_running)
+            # its GPUs are left to the OOM guard's lookup by port (the server is this process's
+            # child): ServerConfig places it through CUDA_VISIBLE_DEVICES (its env, or this
+            # process's) counted in CUDA's order, and --base-gpu-id in extra_args, not nvidia-smi's numbers
             targets.append(
                 Target(self.engine.url, server.served_model_name, server.api_key_env, False, self.engine)
             )
@@ -141,6 +146,8 @@ class EndpointPool:
                     engine=None,
                     api_key_secret=endpoint.api_key_secret,
                     ca_bundle=endpoint.ca_bundle,
+                    vram=endpoint.vram,
+                    gpus=frozenset(endpoint.gpus) if endpoint.gpus is not None else None,
                 )
             )
         return targets

@@ -219,3 +219,60 @@ def test_an_infinite_or_nan_number_names_its_key(section: str, key: str, value: 
         parse_config(_with(**{section: {key: value}}))
     assert f"{section}.{key}:" in str(info.value)
     assert "finite" in str(info.value)
+
+
+def test_an_endpoint_names_its_own_vram_source_and_its_gpus() -> None:
+    """Several servers on several nodes: each node has its own DCGM exporter, and one server's GPUs
+    are some of its node's. One `[concurrency] vram` read one node's exporter, every GPU of it, for
+    every endpoint."""
+    cfg = parse_config(
+        _with(
+            concurrency={"vram": "http://node-a:9400/metrics"},
+            endpoints=[
+                {"url": "http://node-a:30000"},
+                {"url": "http://node-b:30000", "vram": "http://node-b:9400/metrics", "gpus": [4, 5, 6, 7]},
+                {"url": "http://127.0.0.1:30001", "vram": "nvml", "gpus": [0]},
+            ],
+        )
+    )
+    assert [(e.vram, e.gpus) for e in cfg.endpoints] == [
+        (None, None),  # None: [concurrency] vram
+        ("http://node-b:9400/metrics", [4, 5, 6, 7]),
+        ("nvml", [0]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"vram": "dcgm"}, r"endpoints\[0\]\.vram: must be auto, nvml, off, or a DCGM exporter URL"),
+        ({"gpus": []}, r"endpoints\[0\]\.gpus: .*at least one GPU"),
+        ({"gpus": [4, 5, 4]}, r"endpoints\[0\]\.gpus: .*GPU 4 is listed twice"),
+        ({"gpus": [-1, 0]}, r"endpoints\[0\]\.gpus: .*-1 is no GPU index"),
+        ({"gpus": [0.5]}, r"endpoints\[0\]\.gpus\[0\]"),
+        ({"gpus": [True]}, r"endpoints\[0\]\.gpus\[0\]"),
+        ({"vram": "off", "gpus": [0]}, r"endpoints\[0\]: gpus names the GPUs the OOM guard reads, but vram"),
+    ],
+)
+def test_a_bad_endpoint_vram_or_gpus_names_the_key_and_why(entry: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        parse_config(_with(endpoints=[{"url": "http://127.0.0.1:30000", **entry}]))
+
+
+def test_gpus_with_the_oom_guard_off_or_reading_nothing_is_refused_saying_why() -> None:
+    """GPUs named for a guard that reads none would be a silent no-guard: `[concurrency] vram = "off"`
+    left in place, or "auto" for a server on another machine (NVML sees only this machine's GPUs)."""
+    off = _with(concurrency={"vram": "off"}, endpoints=[{"url": "http://127.0.0.1:30000", "gpus": [0]}])
+    with pytest.raises(
+        ConfigError, match=r'^config: endpoints\[0\]: gpus .* vram is "off" \(\[concurrency\] vram\)'
+    ):
+        parse_config(off)
+    remote = _with(endpoints=[{"url": "http://10.0.0.2:30000", "gpus": [0]}])
+    with pytest.raises(ConfigError, match=r"endpoints\[0\]: gpus .* DCGM exporter URL"):
+        parse_config(remote)
+    # its own source wins over [concurrency]'s
+    on = _with(
+        concurrency={"vram": "off"},
+        endpoints=[{"url": "http://10.0.0.2:1", "vram": "http://10.0.0.2:9400/metrics", "gpus": [0]}],
+    )
+    assert parse_config(on).endpoints[0].gpus == [0]

@@ -12,10 +12,12 @@ import httpx
 import pynvml
 import pytest
 
+from flows.config import parse_config
 from flows.control import vram as vram_module
 from flows.control import wiring
 from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
 from flows.control.vram import MIB, VramReader, VramSample, parse_dcgm, tightest
+from flows.run.endpoints import EndpointPool
 from sglang_launch import port_owner
 from sglang_launch.gpu import GpuUnavailableError
 
@@ -133,6 +135,47 @@ def test_auto_uses_nvml_only_for_a_local_server_on_a_machine_with_gpus(
     assert dcgm is not None and dcgm.source.endswith("/metrics")
     monkeypatch.setattr(wiring, "nvml_works", lambda: False)
     assert wiring.vram_reader("auto", "http://127.0.0.1:30000") is None  # no GPU here: quietly no guard
+
+
+async def test_each_endpoint_reads_its_own_nodes_exporter_and_its_own_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the config to the controllers: one `[concurrency] vram` URL read one node's exporter for
+    every endpoint, over every GPU of that node. Each endpoint's own vram and gpus now reach its
+    reader; one without them keeps the run's."""
+    monkeypatch.setattr(wiring, "nvml_works", lambda: True)
+    config = parse_config(
+        {
+            "run": {"name": "nodes", "output_dir": str(tmp_path)},
+            "concurrency": {"vram": "http://node-a:9400/metrics"},
+            "endpoints": [
+                {"url": "http://node-a:30000", "model": "m"},
+                {
+                    "url": "http://node-b:30000",
+                    "model": "m",
+                    "vram": "http://node-b:9400/metrics",
+                    "gpus": [4, 5],
+                },
+                {"url": "http://node-c:30000", "model": "m", "vram": "off"},
+                {"url": "http://127.0.0.1:30000", "model": "m", "vram": "auto", "gpus": [1]},
+            ],
+            "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
+        }
+    )
+    pool = EndpointPool(config)
+    await pool.open()  # no request: every endpoint names its model
+    control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
+    try:
+        readers = {c.url: c.vram for c in control.controllers}
+        assert {url: (r.source, r.gpus) if r else None for url, r in readers.items()} == {
+            "http://node-a:30000": ("http://node-a:9400/metrics", None),
+            "http://node-b:30000": ("http://node-b:9400/metrics", {4, 5}),
+            "http://node-c:30000": None,
+            "http://127.0.0.1:30000": ("nvml", {1}),
+        }
+    finally:
+        await control.aclose()
+        await pool.aclose()
 
 
 GIB = 1 << 30
