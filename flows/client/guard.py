@@ -58,6 +58,10 @@ class EndpointGuard:
         self.gone = False
         self.recoveries = 0
         self.restarts = 0
+        self.outages = 0
+        """Times the endpoint was seen down (a failed health check or a restart while waited for), once
+        a wait: a request that saw this count move while it was in flight failed with its server, not
+        for its prompt (the pump counts the two apart)."""
         self.on_up: Callable[[], Awaitable[None]] | None = None
         self._last_ok = 0.0
         self._last_gone_check = -math.inf
@@ -90,6 +94,7 @@ class EndpointGuard:
             self.up = False
             patience = self.patience_s if patience_s is None else patience_s
             deadline = time.monotonic() + patience
+            seen_down = self.outages + 1  # however often this wait sees it down, one outage
             while True:
                 if self.engine is not None:
                     try:
@@ -100,10 +105,12 @@ class EndpointGuard:
                         return False
                     if attempts:
                         self.restarts += 1
+                        self.outages = seen_down
                         log.warning("server at %s restarted (%d attempt(s))", self.url, len(attempts))
                 if await self._mark_if_healthy():
                     self.recoveries += 1
                     return True
+                self.outages = seen_down
                 if time.monotonic() >= deadline:
                     log.error("%s has not been healthy for %.0f s: giving up on it", self.url, patience)
                     self._give_up()

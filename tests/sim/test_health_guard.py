@@ -121,3 +121,32 @@ async def test_an_endpoint_given_up_on_behind_a_keyed_gateway_comes_back(
                 assert guard.up and not guard.gone, f"key_on_health={key_on_health}"
             finally:
                 await pool.aclose()
+
+
+async def test_the_guard_counts_an_outage_once_a_wait_and_never_for_a_server_that_serves() -> None:
+    """The pump tells a prompt's failures apart by this count: one that moved while the prompt was in
+    flight is the server's (down, restarted, given up on), one that did not is the prompt's."""
+    import asyncio
+
+    serving = [True]
+    guard = EndpointGuard("http://127.0.0.1:1", patience_s=0.05, poll_s=0.01, fresh_s=0)
+
+    async def healthy() -> bool:
+        return serving[0]
+
+    guard.healthy = healthy  # type: ignore[method-assign]
+    assert await guard.recover() is True and guard.outages == 0  # a failure on a healthy server
+
+    serving[0] = False
+    asyncio.get_running_loop().call_later(0.03, serving.__setitem__, 0, True)  # back after polls
+    assert await guard.recover(patience_s=5) is True and guard.outages == 1  # one wait, many checks
+
+    serving[0] = False
+    assert await guard.recover() is False and guard.gone and guard.outages == 2  # given up on
+    assert await guard.recover() is False and guard.outages == 2  # asked again: the same outage
+
+    engine = FakeEngine()  # restarted once for all its waiters, healthy at the first check after
+    restarted = EndpointGuard("http://127.0.0.1:1", engine, poll_s=0.01, fresh_s=10)  # type: ignore[arg-type]
+    restarted.healthy = lambda: asyncio.sleep(0, True)  # type: ignore[method-assign]
+    assert await asyncio.gather(*(restarted.recover() for _ in range(5))) == [True] * 5
+    assert restarted.restarts == 1 and restarted.outages == 1
