@@ -54,6 +54,8 @@ class Tally:
     retried_attempts: int = 0
     recovered: int = 0
     internal_errors: int = 0
+    outage_rejects: int = 0
+    """Prompts rejected for being in flight at ``OUTAGE_ROUNDS`` server outages."""
     reject_reasons: dict[str, int] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     left_out: int = 0
@@ -109,7 +111,34 @@ def _source(record: PromptRecord) -> dict[str, object]:
 
 
 RECOVERY_ROUNDS = 3
-"""Times a prompt whose retries ran out is sent again after an endpoint was seen healthy."""
+"""Times a prompt may fail (its retries run out) on a server found healthy right after: then it is a
+retryable reject, the prompt's fault (a poison prompt), not the server's."""
+OUTAGE_ROUNDS = 3
+"""Server outages (a death, a restart, an endpoint given up on) a prompt may be in flight at: then it
+is a retryable reject too. An outage is not the prompt's fault and spends none of its
+``RECOVERY_ROUNDS`` (two in a run, A dying and then B restarting, made a reject of the prompt's first
+failure after them), but a prompt that brings down every server it is sent to (a kernel fault on one
+input) would have the run restart servers for ever. Three, what it cost before outages were counted
+apart: an innocent prompt, in flight minutes, is at three deaths only if servers die every few
+minutes, and the prompts beside a killer at each of its deaths share its reject (a resume asks all)."""
+
+
+@dataclass
+class Rounds:
+    """The failures of one prompt that outlived the client's retries, by whose fault."""
+
+    healthy: int = 0
+    """On a server that was serving right after: the prompt's."""
+    outages: int = 0
+    """With its server down, restarted or given up on: the server's, or a prompt that kills it."""
+
+    def spent(self, outage: bool) -> bool:
+        """Count one failure; whether the prompt has had all the rounds it gets."""
+        if outage:
+            self.outages += 1
+            return self.outages >= OUTAGE_ROUNDS
+        self.healthy += 1
+        return self.healthy >= RECOVERY_ROUNDS
 
 
 @dataclass(frozen=True)
@@ -162,14 +191,17 @@ async def _ask(
     or, when other endpoints answer, moves to one of them after ``failover_s``. So an outage costs
     time, not rows. If no endpoint answers for ``outage_s``, the run stops (FatalEndpointError)
     instead of turning every remaining prompt into a reject. A prompt that keeps failing on a
-    healthy server ends as a retryable reject.
+    healthy server, or that was in flight at ``OUTAGE_ROUNDS`` outages, ends as a retryable reject
+    (``Rounds``): whose fault a failure was is known once its endpoint's health is.
     """
     task = asyncio.current_task()
     assert task is not None
     record, prompt_hash = item.record, item.prompt_hash
-    for round_ in range(RECOVERY_ROUNDS):
+    rounds = Rounds()
+    while True:
         lane = held[task]
         client, guard = lane.endpoint.client, lane.endpoint.guard
+        outages_before = guard.outages
         try:
             regenerated = await guard.serve(regenerate(record, client, sampling, category.mode))
             break
@@ -179,16 +211,17 @@ async def _ask(
             _reject(record, sink, client, error, prompt_hash, retryable=False)
             return
         except TransientRequestError as error:
-            if round_ == RECOVERY_ROUNDS - 1:
-                _reject(record, sink, client, error, prompt_hash, retryable=True)
-                return
             # an endpoint being waited for by other requests is not given up on: counted as down,
             # it stopped a healthy run whenever one of its requests was checking its health
             others = any(other is not lane and not other.endpoint.guard.gone for other in limiter.lanes)
             # the outage patience this prompt has left once its own endpoint is given up on: alone, it
             # waited all of it there; with others, only failover_s, and may wait the rest for any one
             patience_left_at = time.monotonic() + patience.outage_s if others else -math.inf
-            if not await guard.recover(patience.failover_s if others else patience.outage_s):
+            serving = await guard.recover(patience.failover_s if others else patience.outage_s)
+            if rounds.spent(outage=not serving or guard.outages != outages_before):
+                _reject_spent(record, sink, client, error, prompt_hash, rounds)
+                return
+            if not serving:
                 # move the prompt to an endpoint that answers
                 await limiter.release(held.pop(task), demand)
                 held[task] = await _another_lane(limiter, demand, patience_left_at, error, patience)
@@ -274,6 +307,33 @@ def _given_up(patience: Patience, endpoints: int) -> str:
         f"no endpoint has answered for {patience.outage_s:.0f} s: each of the {endpoints} was given up on "
         f"(after {patience.failover_s:.0f} s while another could take its prompts) and none came back"
     )
+
+
+def _reject_spent(
+    record: PromptRecord,
+    sink: CategorySink,
+    client: EndpointClient,
+    error: TransientRequestError,
+    prompt_hash: str,
+    rounds: Rounds,
+) -> None:
+    """A retryable reject for a prompt out of rounds; one in flight at every outage says so, and is
+    named in the log (the first of its category): it may be what brings the servers down."""
+    if rounds.outages < OUTAGE_ROUNDS:
+        _reject(record, sink, client, error, prompt_hash, retryable=True)
+        return
+    sink.tally.outage_rejects += 1
+    if sink.tally.outage_rejects == 1:
+        log.warning(
+            "category %s: prompt %s was in flight at %d server outages: a retryable reject, so that it "
+            "brings no more servers down (the rejects table names any more such)",
+            record.category,
+            record.id,
+            rounds.outages,
+        )
+    reason = f"in flight at {rounds.outages} server outages (it may bring the server down): {error.reason}"
+    suspect = TransientRequestError(reason, status=error.status, attempts=error.attempts)
+    _reject(record, sink, client, suspect, prompt_hash, retryable=True)
 
 
 def _reject_internal(

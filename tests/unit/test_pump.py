@@ -74,6 +74,7 @@ class FakeGuard:
         self.comes_back = comes_back
         self.up = True
         self.asked = 0
+        self.outages = 0  # it never sees its server down: a failure it recovers from is the prompt's
 
     @property
     def gone(self) -> bool:
@@ -277,7 +278,9 @@ async def test_a_prompt_failing_on_a_healthy_server_ends_as_a_retryable_reject(t
     await pump_shard([_item(0, "flaky")], limiter=limiter, category=CATEGORY, sampling=sampling, sink=sink)
     (reject,) = sink.rejects._rows
     assert reject["retryable"] is True
-    assert limiter.lanes[0].endpoint.guard.asked == 2  # asked again twice, then gave up (3 rounds)
+    # asked again twice; the third failure too asks whether the server is healthy (it is: the
+    # prompt's fault), then gives up (3 rounds)
+    assert limiter.lanes[0].endpoint.guard.asked == 3
 
 
 async def test_a_lone_endpoint_gone_for_good_stops_the_run_instead_of_rejecting(tmp_path: Path) -> None:
@@ -536,3 +539,102 @@ async def test_a_request_left_waiting_on_an_endpoint_given_up_on_moves_to_one_th
     )
     assert sink.tally.rows == 6 and sink.tally.rejects == 0
     assert {row["endpoint"] for row in sink.rows._rows} == {"http://fake"}
+
+
+class DyingServer(FakeClient):
+    """A server the test brings down: its requests go as ``script`` says, one entry a request, then
+    answer. 'dies': it goes down with the request in flight (refused until restarted); '503': the
+    client's retries run out on a healthy, busy server. A prompt 'kills' brings it down every time."""
+
+    def __init__(self, endpoint: str, script: list[str] | None = None) -> None:
+        super().__init__()
+        self.endpoint = endpoint  # type: ignore[misc]
+        self.script = script or []
+        self.alive = True
+        self.deaths = 0
+
+    async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.001)
+        step = "dies" if messages[-1]["content"] == "kills" else self.script.pop(0) if self.script else ""
+        if step == "dies" and self.alive:
+            self.alive, self.deaths = False, self.deaths + 1
+        if not self.alive:
+            raise TransientRequestError("connection refused", attempts=6)
+        if step == "503":
+            raise TransientRequestError("server unavailable (503)", status=503, attempts=6)
+        return await super().generate(messages, tools, sampling)
+
+
+class Relauncher:
+    """The ``Engine`` of a server the run launched: ``ensure_running`` restarts it when it is down."""
+
+    def __init__(self, server: DyingServer) -> None:
+        self.server = server
+
+    def ensure_running(self) -> list[str]:
+        if self.server.alive:
+            return []
+        self.server.alive = True
+        return ["restarted"]
+
+
+def _dying_lane(server: DyingServer, limit: int, *, relaunched: bool) -> Lane:
+    """A lane on ``server`` with a real guard: one the run restarts, or one gone once it dies."""
+    engine = Relauncher(server) if relaunched else None
+    guard = EndpointGuard(server.endpoint, engine, poll_s=0.01, fresh_s=0)  # type: ignore[arg-type]
+    guard.healthy = lambda: asyncio.sleep(0, server.alive)  # type: ignore[method-assign]
+    return Lane(Endpoint(server, guard), GuardedLimit(FixedLimit(limit), guard.is_up))  # type: ignore[arg-type]
+
+
+async def test_outages_a_prompt_lived_through_do_not_spend_its_rounds_on_a_healthy_server(
+    tmp_path: Path,
+) -> None:
+    """Endpoint A dies with the prompt in flight (it moves to B), then B dies and is restarted, then
+    B, healthy but busy, answers 503 until the client's retries run out, twice. Two outages and two
+    failures on a healthy server: the prompt is answered. The outages spent its rounds, and its
+    first failure on a healthy server after them made it a reject that only a resume asked again."""
+    a = DyingServer("http://a", ["dies"])
+    b = DyingServer("http://b", ["dies", "503", "503"])
+    sink = _sink(tmp_path)
+    lanes = [_dying_lane(a, limit=2, relaunched=False), _dying_lane(b, limit=1, relaunched=True)]
+    await asyncio.wait_for(
+        pump_shard(
+            [_item(0, "ok")],
+            limiter=Limiter(lanes),
+            category=CATEGORY,
+            sampling=SamplingParams(max_tokens=8),
+            sink=sink,
+            patience=Patience(outage_s=5.0, failover_s=0.05),
+        ),
+        10,
+    )
+    assert sink.rejects._rows == [] and [row["endpoint"] for row in sink.rows._rows] == ["http://b"]
+    assert lanes[1].endpoint.guard.restarts == 1 and not b.script  # it went through all of it
+
+
+async def test_a_prompt_that_brings_the_server_down_each_time_is_rejected_after_three_outages(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A prompt that crashes the server (a real thing: a kernel fault on one input) must not have the
+    run restart the server for ever: in flight at three of its deaths, it is a retryable reject that
+    says why, and the prompts after it are answered by the restarted server."""
+    server = DyingServer("http://a")
+    lane = _dying_lane(server, limit=1, relaunched=True)
+    sink = _sink(tmp_path)
+    await asyncio.wait_for(
+        pump_shard(
+            [_item(0, "kills")] + [_item(i, "ok") for i in range(1, 6)],
+            limiter=Limiter([lane]),
+            category=CATEGORY,
+            sampling=SamplingParams(max_tokens=8),
+            sink=sink,
+        ),
+        10,
+    )
+    (reject,) = sink.rejects._rows
+    assert reject["id"] == "p0" and reject["retryable"] is True
+    assert reject["reason"].startswith("in flight at 3 server outages")
+    assert server.deaths == 3  # sent three times, each time it brought the server down
+    assert sink.tally.rows == 5 and lane.endpoint.guard.restarts == 3
+    (named,) = [r.getMessage() for r in caplog.records if "server outages" in r.getMessage()]
+    assert "prompt p0 was in flight at 3 server outages" in named
