@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import shutil
 import signal
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -40,8 +39,12 @@ QUIET_ENV = {
 }
 
 
-def configure(verbose: bool) -> None:
-    """Quiet, structured logs by default; must run before Prefect is imported (it reads env at import)."""
+def configure(verbose: bool, handler: logging.Handler | None = None) -> None:
+    """Quiet, structured logs by default; must run before Prefect is imported (it reads env at import).
+
+    ``handler``: where log records go (the CLI's terminal, which shows those said to the person
+    running the run as ``warning:`` lines, ``flows.say``); by default a stream to stderr. Prefect
+    keeps a handler set here (it replaces the root's only where there is none of the user's)."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     prefect_env_defaults()
@@ -54,9 +57,10 @@ def configure(verbose: bool) -> None:
     logging.basicConfig(
         level=getattr(logging, level),
         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
+        handlers=None if handler is None else [handler],
     )
-    for handler in logging.getLogger().handlers:  # INFO from Prefect's run loggers is for the UI
-        handler.setLevel(getattr(logging, level))
+    for each in logging.getLogger().handlers:  # INFO from Prefect's run loggers is for the UI
+        each.setLevel(getattr(logging, level))
     for noisy in ("httpx", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -71,9 +75,6 @@ class RunDisplay(Protocol):
     def stop(self) -> None: ...
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None: ...
-
-    def warn(self, message: str) -> None:
-        """One line the person should read; the run goes on."""
 
 
 async def execute(
@@ -96,28 +97,19 @@ async def execute(
             + "): fix the category's `source`, or remove the category; nothing was sent"
         )
     with RunLock(config.run_dir, part):  # one orchestrator per run directory (and part), refused at once
-        # warnings for the person running it: the CLI's `warning:` lines, else the log (a deployment's
-        # worker); "%s" so that a message holding a % (a category named "50%") is not a format
-        say = display.warn if display is not None else functools.partial(log.warning, "%s")
-        link: PrefectLink | None = await open_link(say) if use_prefect else None
-        return await _run_session(config, link, force=force, display=display, part=part, say=say)
+        link: PrefectLink | None = await open_link() if use_prefect else None
+        return await _run_session(config, link, force=force, display=display, part=part)
 
 
 async def _run_session(
-    config: RunConfig,
-    link: PrefectLink | None,
-    *,
-    force: bool,
-    display: RunDisplay | None,
-    part: Part | None,
-    say: Callable[[str], None],
+    config: RunConfig, link: PrefectLink | None, *, force: bool, display: RunDisplay | None, part: Part | None
 ) -> RunStatus:
     secrets: SecretLoader | None = None
     if link is not None:  # Secret blocks live in Prefect: the orchestration room reads them
         from flows.orchestration.secrets import load_secret
 
         secrets = load_secret
-    session = RunSession(config, force=force, part=part, secrets=secrets, say=say)
+    session = RunSession(config, force=force, part=part, secrets=secrets)
     session.reporters.append(ProgressLog(config.run_dir))
     if display is not None:
         session.reporters.append(display.update)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,6 +18,8 @@ from flows.report.status import RunStatus
 from flows.report.summary import report_name
 from flows.run.reasons import commonest_reasons
 from flows.run.session import RunSession
+from flows.runner import configure
+from flows.say import said
 
 SHOWN_REASONS = 20
 """Reject reasons a category shows in ``datagen status``; the rest are summed in one row."""
@@ -71,9 +74,6 @@ class LiveProgress:
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)
-
-    def warn(self, message: str) -> None:
-        warn(message)
 
 
 def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:
@@ -182,3 +182,28 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
 def warn(message: str) -> None:
     """One readable warning line: the run goes on."""
     console.print(f"[bold yellow]warning:[/] {escape(message)}")
+
+
+class TerminalLog(logging.Handler):
+    """The CLI's log handler. A record said to the person running the run (``flows.say``: a server
+    restarted, no OOM guard, no metrics) is one ``warning:`` line, as the CLI's other warnings, and
+    nothing else; any other record is its structured log line, a diagnostic.
+
+    Both go through the console, so they are printed above the live progress bar: a line written to
+    stderr behind rich's back was buried by the bar's redraws. Text, not markup: a message quotes
+    servers and URLs."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if said(record):
+                warn(record.getMessage())
+            else:
+                console.print(Text(self.format(record)))
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(verbose: bool) -> None:
+    """The logging of a command that runs something (``configure``), shown through ``TerminalLog``:
+    first thing, before Prefect is imported."""
+    configure(verbose, TerminalLog())

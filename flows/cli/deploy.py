@@ -11,9 +11,8 @@ from typing import Annotated
 import httpx
 import typer
 
-from flows.cli.console import console, fail
+from flows.cli.console import console, fail, setup_logging
 from flows.config import ConfigError, load_config
-from flows.runner import configure
 from flows.store.parts import Part
 
 
@@ -46,7 +45,7 @@ def deploy(
     ] = False,
 ) -> None:
     """Run CONFIG on a schedule: each firing resumes the run (or starts a new one); a busy run is skipped."""
-    configure(verbose)
+    setup_logging(verbose)
     from flows.orchestration.deploy import Schedule, api_and_ui, deployment_name, register, serve
 
     try:

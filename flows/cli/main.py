@@ -17,11 +17,11 @@ from flows.cli import export as export_cli
 from flows.cli import gpu as gpu_cli
 from flows.cli import launch as launch_cli
 from flows.cli import prompts as prompts_cli
-from flows.cli.console import LiveProgress, answer, console, fail, print_status
+from flows.cli.console import LiveProgress, answer, console, fail, print_status, setup_logging
 from flows.config import ConfigError, load_config
 from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
-from flows.runner import configure, demo_config, demo_sim_config, execute, reset_run_dir, sigterm_stops_run
+from flows.runner import demo_config, demo_sim_config, execute, reset_run_dir, sigterm_stops_run
 from flows.store.location import LocationError
 from flows.store.parts import Part, PartError
 from flows.store.run_lock import RunLocked
@@ -103,7 +103,7 @@ def run(
     verbose: Verbose = False,
 ) -> None:
     """Run or resume CONFIG against its endpoints (resume = the same command again)."""
-    configure(verbose)
+    setup_logging(verbose)
     try:
         cfg = load_config(config)
         split = None if part is None else Part.parse(part)
@@ -120,7 +120,7 @@ def demo(
     verbose: Verbose = False,
 ) -> None:
     """Start the bundled SGLang simulator and regenerate the bundled sample prompts into OUTPUT_DIR/demo."""
-    configure(verbose)
+    setup_logging(verbose)
     from sglang_launch.simulator import SimulatorProcess
 
     started = time.monotonic()

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from flows.client.endpoint import EndpointClient
 from flows.client.errors import TransientRequestError
+from flows.say import SAY
 from sglang_launch.engine import Engine
 from sglang_launch.probe import is_healthy_async
 
@@ -100,19 +101,23 @@ class EndpointGuard:
                     try:
                         attempts = await asyncio.to_thread(self.engine.ensure_running)
                     except Exception as error:  # a start that failed for good: say so, keep the rows
-                        log.error("restarting the server at %s failed: %s", self.url, error)
+                        log.error("restarting the server at %s failed: %s", self.url, error, extra=SAY)
                         self._give_up()
                         return False
                     if attempts:
                         self.restarts += 1
                         self.outages = seen_down
-                        log.warning("server at %s restarted (%d attempt(s))", self.url, len(attempts))
+                        log.warning(
+                            "server at %s restarted (%d attempt(s))", self.url, len(attempts), extra=SAY
+                        )
                 if await self._mark_if_healthy():
                     self.recoveries += 1
                     return True
                 self.outages = seen_down
                 if time.monotonic() >= deadline:
-                    log.error("%s has not been healthy for %.0f s: giving up on it", self.url, patience)
+                    log.error(
+                        "%s has not been healthy for %.0f s: giving up on it", self.url, patience, extra=SAY
+                    )
                     self._give_up()
                     return False
                 await asyncio.sleep(self.poll_s)
@@ -159,7 +164,7 @@ class EndpointGuard:
         came_back = not self.up
         self.up, self.gone, self._last_ok = True, False, time.monotonic()
         if came_back:
-            log.warning("%s answers again", self.url)
+            log.warning("%s answers again", self.url, extra=SAY)
             if self.on_up is not None:
                 await self.on_up()
         return True

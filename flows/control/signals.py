@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from flows.say import SAY
 from sglang_launch.probe import tls_context
 
 log = logging.getLogger(__name__)
@@ -419,6 +420,7 @@ class SignalReader:
                 "%s stopped answering /metrics and /v1/loads (a restart?): the concurrency controller uses "
                 "the client's own counts until it answers again",
                 self.url,
+                extra=SAY,
             )
             return
         log.warning(
@@ -426,6 +428,7 @@ class SignalReader:
             "counts only; %s",
             self.url,
             METRICS_HINT,
+            extra=SAY,
         )
 
     async def aclose(self) -> None:

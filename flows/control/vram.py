@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from flows.say import SAY
 from sglang_launch.gpu import GpuUnavailableError, read_gpus, read_memory
 from sglang_launch.port_owner import serving_processes
 from sglang_launch.procfs import PROC
@@ -167,12 +168,16 @@ class VramReader:
         except MissingGpus as error:
             if not self._warned_missing:
                 self._warned_missing = True
-                log.warning("%s %s. No OOM guard while it has none", self.source, error)
+                log.warning("%s %s. No OOM guard while it has none", self.source, error, extra=SAY)
             return None
         except (GpuUnavailableError, httpx.HTTPError, ValueError) as error:
             if not self._warned:
                 self._warned = True
-                log.warning("free GPU memory cannot be read from %s (%s): no OOM guard", self.source, error)
+                # httpx's status errors add a line (a link to MDN): the warning is one line
+                why = str(error).splitlines()[0] if str(error) else type(error).__name__
+                log.warning(
+                    "free GPU memory cannot be read from %s (%s): no OOM guard", self.source, why, extra=SAY
+                )
             return None
 
     async def _read_nvml(self) -> list[tuple[int, int]]:

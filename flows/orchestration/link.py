@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import httpx
 
 from flows.orchestration.zombies import HEARTBEAT_ENV, HEARTBEAT_S, ensure_zombie_automation
+from flows.say import SAY
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,12 @@ async def api_answers(api_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     return response.status_code < 500
 
 
+def tell(text: str) -> None:
+    """A line for the person running the run (``flows.say``): on the CLI a ``warning:`` line, else
+    a warning in the log. ``"%s"``: a URL holding a % is no format."""
+    log.warning("%s", text, extra=SAY)
+
+
 @dataclass
 class PrefectLink:
     """Whether Prefect's API answers, as seen by this run; says once when it stops."""
@@ -154,7 +161,7 @@ class PrefectLink:
     api_url: str
     down: bool = False
     warned: bool = False
-    say: Callable[[str], None] = field(default=lambda text: log.warning("%s", text))
+    say: Callable[[str], None] = field(default=tell)
 
     def lost(self, why: str) -> None:
         self.down = True
@@ -180,7 +187,7 @@ class PrefectLink:
                     self.lost("no answer to /health")
 
 
-async def open_link(say: Callable[[str], None]) -> PrefectLink | None:
+async def open_link() -> PrefectLink | None:
     """Prepare Prefect for a run: a link to use it, or None to run without it (already said why).
 
     Raises ``PrefectUnavailable`` when the temporary server does not start.
@@ -194,7 +201,7 @@ async def open_link(say: Callable[[str], None]) -> PrefectLink | None:
         )
     if configured:
         if not await api_answers(configured):
-            say(
+            tell(
                 f"the Prefect API at {configured} is not answering: running without Prefect "
                 "(rows are written as usual; the Prefect UI is not updated)"
             )
@@ -203,11 +210,11 @@ async def open_link(say: Callable[[str], None]) -> PrefectLink | None:
             await ensure_zombie_automation()
         except Exception:
             log.warning("could not create the automation that marks dead flow runs Crashed", exc_info=True)
-        return PrefectLink(configured, say=say)
+        return PrefectLink(configured)
     await asyncio.to_thread(start_ephemeral)
     from prefect.server.api.server import SubprocessASGIServer
 
-    return PrefectLink(SubprocessASGIServer().api_url, say=say)
+    return PrefectLink(SubprocessASGIServer().api_url)
 
 
 @dataclass

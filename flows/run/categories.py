@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig, RunConfig
 from flows.run.prompt_stream import StreamCounts
-from flows.run.pump import CategorySink, Say, Tally, log_warning
+from flows.run.pump import CategorySink, Tally
 from flows.store.run_store import CategoryState, RunStore, ShardWriter
 from prompts.dedup import DedupIndex
 
@@ -44,10 +44,9 @@ def sampling_for(config: RunConfig, category: CategoryConfig) -> SamplingParams:
 class Categories:
     """The run's categories, made on first use; what each already has on disk once ``load_states`` ran."""
 
-    def __init__(self, config: RunConfig, store: RunStore, say: Say = log_warning) -> None:
+    def __init__(self, config: RunConfig, store: RunStore) -> None:
         self.config = config
         self.store = store
-        self.say = say
         self.runs: dict[str, CategoryRun] = {}
         self.states: dict[str, CategoryState] = {}
         self.dedup = DedupIndex()
@@ -65,7 +64,6 @@ class Categories:
                     name, flush_rows=store.flush_rows, flush_seconds=store.flush_seconds
                 ),
                 tally=Tally(),
-                say=self.say,
             )
             self.runs[name] = CategoryRun(cfg, sampling_for(self.config, cfg), sink)
         return self.runs[name]

@@ -28,6 +28,7 @@ from flows.run.quality import TRUNCATED
 from flows.run.reasons import OTHER_REASONS
 from flows.run.regen import regenerate
 from flows.run.rows import output_row, reject_row
+from flows.say import SAY
 from flows.store.run_store import ShardWriter
 from prompts.records import PromptRecord
 
@@ -87,23 +88,13 @@ class Tally:
         self.reject_reasons = {**dict(kept), OTHER_REASONS: other}
 
 
-Say = Callable[[str], None]
-"""Tells the person running the run one line they should read (the run goes on)."""
-
-
-def log_warning(message: str) -> None:
-    """``Say`` where nobody watches a display (a Prefect worker, a library call): the log."""
-    log.warning("%s", message)
-
-
 @dataclass
 class CategorySink:
-    """Where one category's results go, and who is told about them while the run goes on."""
+    """Where one category's results go."""
 
     rows: ShardWriter
     rejects: ShardWriter
     tally: Tally
-    say: Say = log_warning
 
 
 def _source(record: PromptRecord) -> dict[str, object]:
@@ -245,7 +236,7 @@ async def _ask(
     tally.rows += 1
     finish = str(row["finish_reason"])
     tally.finish_reasons[finish] = tally.finish_reasons.get(finish, 0) + 1
-    _watch_quality(category.name, sink, row["flags"])
+    _watch_quality(category.name, tally, row["flags"])
     tally.prompt_tokens += usage.prompt_tokens
     tally.completion_tokens += usage.completion_tokens
     tally.reasoning_tokens += usage.reasoning_tokens
@@ -256,25 +247,28 @@ WATCHED_ROWS = 32
 LEFT_OUT_ALARM = 0.9
 
 
-def _watch_quality(category: str, sink: CategorySink, flags: list[str]) -> None:
+def _watch_quality(category: str, tally: Tally, flags: list[str]) -> None:
     """Say once, at a category's ``WATCHED_ROWS``-th row, when nearly all its rows so far are left
     out of training: a thinking model whose answers all end inside the reasoning (a reasoning parser
     that takes the answer, a ``max_tokens`` too small to finish thinking) makes rows that are all
     flagged, and a week of GPU time went into them with the numbers in the report only at the end.
-    Said through ``sink.say``: at the terminal the CLI's ``warning:`` line, not a log line that the
-    progress bar's redraws bury."""
-    tally = sink.tally
+    Said (``extra=SAY``): at the terminal the CLI's ``warning:`` line, not a log line that the
+    progress bar's redraws bury; in a deployment's log a warning as before."""
     if flags:
         tally.left_out += 1
         tally.flags.update(flags)
     if tally.rows != WATCHED_ROWS or tally.left_out < LEFT_OUT_ALARM * WATCHED_ROWS:
         return
     seen = ", ".join(f"{flag} {n}" for flag, n in tally.flags.most_common())
-    sink.say(
-        f"category {category}: {tally.left_out} of its first {WATCHED_ROWS} rows are left out of "
-        f"training ({seen}): 'truncated' means a max_tokens too small (for a thinking model, to "
-        "finish thinking); 'empty' with reasoning, a reasoning parser that took the answer. The run "
-        "goes on; stop it to change the config."
+    log.warning(
+        "category %s: %d of its first %d rows are left out of training (%s): 'truncated' means a "
+        "max_tokens too small (for a thinking model, to finish thinking); 'empty' with reasoning, a "
+        "reasoning parser that took the answer. The run goes on; stop it to change the config.",
+        category,
+        tally.left_out,
+        WATCHED_ROWS,
+        seen,
+        extra=SAY,
     )
 
 
@@ -330,6 +324,7 @@ def _reject_spent(
             record.category,
             record.id,
             rounds.outages,
+            extra=SAY,
         )
     reason = f"in flight at {rounds.outages} server outages (it may bring the server down): {error.reason}"
     suspect = TransientRequestError(reason, status=error.status, attempts=error.attempts)

@@ -22,7 +22,7 @@ from flows.control.limiter import Limiter
 from flows.control.wiring import Control
 from flows.run.categories import Categories
 from flows.run.endpoints import EndpointPool, SecretLoader
-from flows.run.pump import Patience, Say, log_warning
+from flows.run.pump import Patience
 from flows.store.flusher import Flusher
 from flows.store.parts import Part
 from flows.store.run_store import RunStore
@@ -47,14 +47,12 @@ class RunSession:
         part: Part | None = None,
         report_every_s: float = 2.0,
         secrets: SecretLoader | None = None,
-        say: Say = log_warning,
     ) -> None:
-        """``say``: how a warning reaches the person running the run (the CLI's display, or the log)."""
         self.config = config
         self.force = force
         self.store = RunStore(config.run_location, part)
         self.pool = EndpointPool(config, secrets)
-        self.categories = Categories(config, self.store, say)
+        self.categories = Categories(config, self.store)
         self.started = time.monotonic()
         self.reporters: list[Reporter] = []
         self.resumed = False

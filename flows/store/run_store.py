@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from flows.say import SAY
 from flows.store.config_changes import describe_changes
 from flows.store.location import check_location
 from flows.store.parts import Part
@@ -497,7 +498,13 @@ class RunStore:
                 raise
             log.info("shard %s was moved out of the data by another reader meanwhile", path)
             return target
-        log.warning("unreadable shard %s moved to %s: %s", path, target, error)
+        log.warning(
+            "unreadable shard %s moved to %s (%s): a start asks its prompts again",
+            path,
+            target,
+            error,
+            extra=SAY,
+        )
         return target
 
     def shard_tables(self, folder: str, columns: list[str]) -> Iterator[tuple[str, pa.Table]]:

@@ -2,57 +2,55 @@
 
 from __future__ import annotations
 
-import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
-import pytest
 from pipeline_support import write_config, write_prompts
 
-from flows.config import load_config
-from flows.report.status import RunStatus
-from flows.run.session import RunSession
-from flows.runner import execute
+from sglang_launch.ports import free_port
 from sglang_launch.simulator import SimConfig, SimulatorProcess
+from sglang_launch.simulator.config import FaultConfig
 
 
-class RecordingDisplay:
-    """The CLI's ``RunDisplay`` without a terminal: what it was told to warn about."""
-
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-
-    def start(self) -> None:
-        pass
-
-    def update(self, session: RunSession) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
-        pass
-
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
-
-
-async def test_a_category_nearly_all_left_out_of_training_is_a_warning_on_the_display_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Every answer cut by max_tokens: the person watching reads it as a ``warning:`` line beside
-    the progress bar, as the CLI's other warnings, and not a second time as a log line."""
+def test_the_cli_shows_the_runs_warnings_as_warning_lines_once_not_as_log_lines(tmp_path: Path) -> None:
+    """`datagen run` with no OOM guard (its DCGM exporter does not answer) and every answer cut by
+    max_tokens: each is one ``warning:`` line on the terminal. The OOM guard's was a structured log
+    line (``level=WARNING logger=flows.control.vram msg=...``) written past the progress bar, which
+    its redraws bury; none of them may come twice (a ``warning:`` line and a log line)."""
     source = tmp_path / "prompts.jsonl"
     write_prompts(source, 40)
     config = write_config(tmp_path / "run.toml", name="cut", output_dir=tmp_path, url="URL", source=source)
-    display = RecordingDisplay()
-    sim_config = SimConfig(time_scale=0.02, stream_interval_s=0.02, log_level="warning", stop_probability=0.0)
-    with SimulatorProcess(sim_config) as sim, caplog.at_level(logging.WARNING):
+    exporter = f"http://127.0.0.1:{free_port()}/metrics"  # nothing listens there
+    sim_config = SimConfig(  # answers slow enough (5 rounds of 1 s) for the controller to read the exporter
+        time_scale=0.1,
+        stream_interval_s=0.02,
+        log_level="warning",
+        stop_probability=0.0,
+        faults=FaultConfig(first_token_delay_s=1.0),
+    )
+    with SimulatorProcess(sim_config) as sim:
         config.write_text(
-            config.read_text().replace("URL", sim.url).replace("max_tokens = 64", "max_tokens = 4")
+            config.read_text()
+            .replace("URL", sim.url)
+            .replace("max_tokens = 64", "max_tokens = 4")
+            .replace("limit = 64", f'vram = "{exporter}"\npoll_s = 0.2')  # adaptive: a controller reads it
         )
-        await execute(load_config(config), use_prefect=False, display=display)
-    said = [w for w in display.warnings if "left out of training" in w]
-    assert len(said) == 1 and "category chat: 32 of its first 32 rows" in said[0]
-    assert not [r for r in caplog.records if "left out of training" in r.getMessage()]
+        result = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", "--no-prefect", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    guard = [line for line in lines if "no OOM guard" in line]
+    assert len(guard) == 1 and guard[0].startswith(
+        f"warning: free GPU memory cannot be read from {exporter} ("
+    ), result.stderr
+    quality = [line for line in lines if "left out of training" in line]
+    assert len(quality) == 1 and quality[0].startswith("warning: category chat: 32 of its first 32 rows"), (
+        result.stderr
+    )
