@@ -113,6 +113,7 @@ class EndpointGuard:
                 if await self._mark_if_healthy():
                     self.recoveries += 1
                     return True
+                began = self.outages != seen_down  # the first failed check of this wait
                 self.outages = seen_down
                 if time.monotonic() >= deadline:
                     log.error(
@@ -120,6 +121,13 @@ class EndpointGuard:
                     )
                     self._give_up()
                     return False
+                if began:  # "answers again" or "giving up" was the first a person heard of an outage
+                    log.warning(
+                        "%s does not answer its health check: its requests wait up to %.0f s for it",
+                        self.url,
+                        patience,
+                        extra=SAY,
+                    )
                 await asyncio.sleep(self.poll_s)
 
     async def serve(self, request: Awaitable[T]) -> T:

@@ -102,6 +102,26 @@ async def test_a_server_given_up_on_is_a_warning_line(capsys: pytest.CaptureFixt
         ]
 
 
+async def test_a_server_that_stops_answering_is_a_warning_line_once_when_the_wait_begins(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, "answers again" (or "giving up") was the first a person heard of an outage: minutes of
+    an endpoint doing nothing with no line on the terminal."""
+    with cli_logging(capsys) as terminal:
+        answers = iter([False, False, False, True])
+        guard = EndpointGuard(URL, api_key=KEY, patience_s=60, poll_s=0)
+
+        async def healthy() -> bool:
+            return next(answers)
+
+        guard.healthy = healthy  # type: ignore[method-assign]
+        assert await guard.recover()
+        assert terminal() == [
+            f"warning: {URL} does not answer its health check: its requests wait up to 60 s for it",
+            f"warning: {URL} answers again",
+        ]
+
+
 def _reader(answer: Callable[[httpx.Request], httpx.Response]) -> SignalReader:
     reader = SignalReader(URL, api_key=KEY)
     reader._http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
