@@ -39,6 +39,12 @@ def _temporary_log() -> Path:
     return Path(path)
 
 
+STARTUP_TIMEOUT_S = 60.0
+"""How long ``start()`` waits for ``/health``: a bound on a hang only. The child imports FastAPI and
+uvicorn first: about 1 s on the 2 shared cores, 7-12 s with eight busy processes beside it. The old
+15 s was within reach of a loaded CI machine, where a start given up on fails the test that asked."""
+
+
 class SimulatorError(RuntimeError):
     """The simulator did not come up (the message carries the tail of its log)."""
 
@@ -55,7 +61,7 @@ class SimulatorProcess:
         self,
         config: SimConfig | None = None,
         *,
-        startup_timeout_s: float = 15.0,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
         log_path: Path | None = None,
         **overrides: Any,
     ) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import httpx
 import pytest
@@ -76,9 +75,9 @@ def test_cli_rejects_invalid_values() -> None:
 
 
 def test_subprocess_serves_restarts_and_always_stops() -> None:
-    started = time.monotonic()
+    # no bound on how long the start took: 1 s alone, 5-12 s beside eight busy processes (it failed
+    # a bound of 5 s there); a start that never comes up raises (test_a_simulator_that_cannot_start_*)
     with SimulatorProcess(FAST) as sim:
-        assert time.monotonic() - started < 5
         assert sim.url == f"http://127.0.0.1:{sim.config.port}" and alive(sim.pid)
         pid = sim.pid
         answer = httpx.post(
