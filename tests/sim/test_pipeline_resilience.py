@@ -265,7 +265,10 @@ async def test_prompts_fail_over_to_the_other_endpoint_when_one_dies(tmp_path: P
 def test_a_lone_server_gone_for_good_stops_the_run_then_resume_finishes(tmp_path: Path) -> None:
     source = tmp_path / "prompts.jsonl"
     write_prompts(source, 600)
-    with SimulatorProcess(SimConfig(**FAST)) as sim:
+    # a server that answers at its own pace, not the client's: at FAST's the client read the last of
+    # the 600 answers 0.5-1 s after the 100th row reached the disk, a gap a faster or loaded CI
+    # machine can leave between two looks at the disk (then the kill found the run done)
+    with SimulatorProcess(SimConfig(**{**FAST, "time_scale": 0.3})) as sim:
         config = write_config(
             tmp_path / "run.toml", name="gone", output_dir=tmp_path, url=sim.url, source=source
         )
