@@ -97,7 +97,11 @@ def test_a_cancelled_firing_stops_in_order_and_the_next_firing_completes_it_exac
     run_dir = tmp_path / "fired"
     said: list[str] = []
     nowhere = {PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}
-    with simulator_in_thread(SimConfig(**FAST)) as sim, temporary_settings(updates=nowhere):
+    # the server sets the pace (time_scale 0.3): at FAST's the 500 answers left after the 100th took
+    # about 0.5 s, and a signal that reached the loop later than that on a loaded machine found the
+    # firing done
+    paced = SimConfig(**{**FAST, "time_scale": 0.3})
+    with simulator_in_thread(paced) as sim, temporary_settings(updates=nowhere):
         config = write_config(
             tmp_path / "run.toml", name="fired", output_dir=tmp_path, url=sim.url, source=source
         )
