@@ -74,13 +74,13 @@ FAKE_SERVER = textwrap.dedent(
     if os.environ.get("FAKE_EXIT"):
         print("something unexpected", flush=True)
         sys.exit(3)
-    if fraction > float(os.environ.get("FAKE_SERVING_OOM_ABOVE", "1")):  # dies once it serves
-        def oom():
-            time.sleep(float(os.environ.get("FAKE_WARMUP_S", "0.2")) + 0.5)
-            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.", flush=True)
-            os._exit(1)
-        import threading
-        threading.Thread(target=oom, daemon=True).start()
+    # dies once it serves: after the launcher, its start judged "ready", read its server info (a
+    # death on a timer could come before that on a loaded machine, and read as a failed start)
+    serving_oom = fraction > float(os.environ.get("FAKE_SERVING_OOM_ABOVE", "1"))
+    def oom():
+        time.sleep(0.1)
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.", flush=True)
+        os._exit(1)
     kv = int(os.environ.get("FAKE_KV", "4096"))
     print(f"[2026-11-29 14:06:50] max_total_num_tokens={kv}, chunked_prefill_size=4096, "
           "max_running_requests=16, context_len=1024", flush=True)
@@ -107,6 +107,9 @@ FAKE_SERVER = textwrap.dedent(
                     self._send(401)
                 else:
                     self._send(200, json.dumps({"max_total_num_tokens": kv}).encode())
+                    if serving_oom:
+                        import threading
+                        threading.Thread(target=oom, daemon=True).start()
             else:
                 self._send(404)
 
