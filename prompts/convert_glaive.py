@@ -105,12 +105,24 @@ def parse_system(system: str) -> tuple[str, list[ToolSchema] | None]:
 # --- chat transcript -> messages -----------------------------------------------------------------
 
 
+def _turn_text(text: str) -> str:
+    """A turn's text, trimmed, without the ``<|endoftext|>`` that ends it.
+
+    Only the marker at the end goes: the same characters inside a turn are someone's words (a
+    question about that very token), and removing them everywhere changed the question silently.
+    """
+    text = text.strip()
+    while text.endswith(_END_OF_TEXT):
+        text = text.removesuffix(_END_OF_TEXT).rstrip()
+    return text
+
+
 def split_turns(chat: str) -> list[tuple[str, str]]:
-    """``(speaker, text)`` pairs in order; ``<|endoftext|>`` removed and each text trimmed."""
-    parts = _TURN_MARKER.split(chat.replace(_END_OF_TEXT, ""))
-    if parts[0].strip():
+    """``(speaker, text)`` pairs in order; each text trimmed, its closing ``<|endoftext|>`` removed."""
+    parts = _TURN_MARKER.split(chat)
+    if _turn_text(parts[0]):
         raise ConversionError("chat text before the first turn marker")
-    return [(parts[i], parts[i + 1].strip()) for i in range(1, len(parts), 2)]
+    return [(parts[i], _turn_text(parts[i + 1])) for i in range(1, len(parts), 2)]
 
 
 def _parse_calls(text: str) -> list[dict[str, Any]]:
@@ -126,6 +138,8 @@ def _parse_calls(text: str) -> list[dict[str, Any]]:
             raise ConversionError(f"unparsable function call: {exc}") from None
         calls.append(call)
         pos = skip_whitespace(text, pos)
+        if text.startswith(_END_OF_TEXT, pos):  # a call ended like a turn, before the next call
+            pos = skip_whitespace(text, pos + len(_END_OF_TEXT))
     return calls
 
 

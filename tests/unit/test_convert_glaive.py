@@ -405,6 +405,32 @@ def test_markers_split_only_at_line_starts_and_endoftext_is_removed() -> None:
     ]
 
 
+def test_endoftext_is_removed_only_where_it_ends_a_turn() -> None:
+    """Glaive ends turns with ``<|endoftext|>``; the same text inside a question (a user asking about
+    the token) is the user's words, and removing it there changed the question silently."""
+    chat = (
+        "USER: Why does my tokenizer print <|endoftext|> after every sample?\n\n\n"
+        "ASSISTANT: It marks the end of a document: <|endoftext|> is GPT-2's separator. <|endoftext|>\n\n\n"
+    )
+    assert convert_glaive(row("", chat)).messages == [
+        user("Why does my tokenizer print <|endoftext|> after every sample?"),
+        assistant("It marks the end of a document: <|endoftext|> is GPT-2's separator."),
+    ]
+
+
+def test_endoftext_between_two_calls_of_one_turn_ends_the_first_call() -> None:
+    chat = (
+        "USER: hi\n"
+        'ASSISTANT: <functioncall> {"name": "echo", "arguments": \'{"text": "a"}\'} <|endoftext|>\n'
+        '<functioncall> {"name": "echo", "arguments": \'{"text": "b"}\'} <|endoftext|>\n'
+    )
+    r = row(PREAMBLE + ECHO_DEF, chat)
+    assert convert_glaive(r).messages == [
+        user("hi"),
+        calls(None, (call_id(r, 0), "echo", '{"text": "a"}'), (call_id(r, 1), "echo", '{"text": "b"}')),
+    ]
+
+
 def test_empty_turns_are_dropped() -> None:
     chat = "USER: hi\nASSISTANT: <|endoftext|>\nUSER: still there?\nASSISTANT:"
     assert convert_glaive(row("", chat)).messages == [user("hi"), user("still there?")]
