@@ -1,4 +1,4 @@
-"""Converters for the chat layouts: OpenAI ``messages`` (also UltraChat), ShareGPT, Magpie.
+"""Converters for the chat layouts: OpenAI ``messages`` (also UltraChat, either layout), ShareGPT, Magpie.
 
 All three end in the same normalisation (``finish_prompt``) so a prompt looks the same whatever
 layout it came from, and therefore hashes to the same content id:
@@ -202,10 +202,30 @@ def _openai_message(raw: Any, call_count: int) -> Message:
     return message
 
 
+_ALTERNATING_ROLES = ("user", "assistant")
+
+
+def _alternating_turns(data: list[Any]) -> list[Message]:
+    """UltraChat's original ``data`` column: plain strings, user and assistant in turn, the user first."""
+    messages: list[Message] = []
+    for number, text in enumerate(data, 1):
+        if not isinstance(text, str):
+            raise ConversionError(f"data item {number} is a {type(text).__name__}, not a string")
+        messages.append({"role": _ALTERNATING_ROLES[(number - 1) % 2], "content": text})
+    return messages
+
+
 @register("messages")
 def convert_messages(row: Mapping[str, Any]) -> Converted:
-    """OpenAI ``messages`` rows (UltraChat too: its ``prompt`` column repeats the first user turn)."""
+    """OpenAI ``messages`` rows (UltraChat 200k too: its ``prompt`` column repeats the first user turn),
+    or the original UltraChat's ``data`` list of alternating user/assistant strings."""
     raw = row.get("messages")
+    if raw is None and isinstance(row.get("data"), list):
+        return Converted(
+            messages=finish_prompt(_alternating_turns(row["data"])),
+            tools=None,
+            source_id=_source_id(row, "id"),
+        )
     if not isinstance(raw, list):
         raise ConversionError("no messages list")
     messages: list[Message] = []

@@ -319,6 +319,38 @@ def test_ultrachat_fixture_rows_convert_exactly() -> None:
             assert len(row["prompt"]) == 18996
 
 
+def test_original_ultrachat_data_lists_convert_as_alternating_turns() -> None:
+    """stingning/ultrachat (the 1.5M original) has ``{"id", "data": [user, assistant, user, ...]}``:
+    plain strings, the user first. Read as ``messages`` every row was a reject ("no messages list"),
+    and no ``columns`` mapping could help, so the set could not be used at all."""
+    data = ["How do tides work?", "The Moon pulls the oceans.", "And the Sun?", "Less so."]
+    row = {"id": "7", "data": data}
+    converted = convert_messages(row)
+    assert converted.source_id == "7"
+    assert converted.messages == [
+        user("How do tides work?"),
+        assistant("The Moon pulls the oceans."),
+        user("And the Sun?"),
+    ]
+    # the same conversation in the 200k layout is the same prompt (same content, same dedup)
+    roles = ["user", "assistant", "user"]
+    as_messages = {"messages": [{"role": r, "content": t} for r, t in zip(roles, data[:3], strict=True)]}
+    assert convert_messages(as_messages).messages == converted.messages
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (["fine", 3], "data item 2 is a int, not a string"),
+        ("one string", "no messages list"),
+        ([], "no user turn"),
+    ],
+)
+def test_ultrachat_data_lists_that_cannot_be_read_are_rejects_with_a_reason(data: Any, reason: str) -> None:
+    with pytest.raises(ConversionError, match=reason):
+        convert_messages({"id": "1", "data": data})
+
+
 def test_messages_content_parts_tool_calls_and_tools_column() -> None:
     row = {
         "id": 42,
