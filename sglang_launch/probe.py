@@ -4,7 +4,8 @@ The launcher waits on ``wait_healthy`` for a server it started; a run's endpoint
 ``is_healthy_async`` when requests fail and when it probes the endpoints given up on; the controller
 reads the KV capacity through ``server_info``.
 SGLang answers ``/health`` 503 while it starts; vLLM and the simulator answer it too.
-Every reader of an endpoint trusts the same CAs as its requests (``tls_context``).
+Every reader of an endpoint trusts the same CAs as its requests and reaches it the same way, directly
+(``endpoint_http``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import httpx
 
@@ -29,6 +30,22 @@ def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
     built with ``verify=True`` would otherwise pay again at start-up.
     """
     return ssl.create_default_context(cafile=ca_bundle)
+
+
+class EndpointHttp(TypedDict):
+    """An httpx client's options for reading an endpoint (``endpoint_http``)."""
+
+    verify: ssl.SSLContext
+    trust_env: bool
+
+
+def endpoint_http(ca_bundle: str | None = None) -> EndpointHttp:
+    """How every httpx reader of an endpoint connects (health, loads, server info, the model list):
+    with ``ca_bundle``'s CAs, and directly, as the chat requests, posted on aiohttp, which leaves
+    ``HTTP(S)_PROXY`` alone. httpx honours those by default: behind a proxy that cannot reach the GPU
+    hosts (``NO_PROXY`` not naming them) the rows came while every health check failed, so a server's
+    first blip was waited on until the run gave up on it, and the controller ran without readings."""
+    return {"verify": tls_context(ca_bundle), "trust_env": False}
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -53,9 +70,7 @@ def is_healthy(
     try:
         if client is not None:
             return client.get(f"{url}/health", headers=headers).status_code == 200
-        response = httpx.get(
-            f"{url}/health", headers=headers, timeout=timeout_s, verify=tls_context(ca_bundle)
-        )
+        response = httpx.get(f"{url}/health", headers=headers, timeout=timeout_s, **endpoint_http(ca_bundle))
         return response.status_code == 200
     except httpx.HTTPError:
         return False
@@ -69,7 +84,7 @@ async def is_healthy_async(
     cores + 4)) that the run's other blocking work shares: new connections' address lookups,
     shard writes, prompt reads. Many silent endpoints stalled all of it every probe round."""
     try:
-        async with httpx.AsyncClient(timeout=timeout_s, verify=tls_context(ca_bundle)) as client:
+        async with httpx.AsyncClient(timeout=timeout_s, **endpoint_http(ca_bundle)) as client:
             response = await client.get(f"{url}/health", headers=auth_headers(api_key))
         return response.status_code == 200
     except httpx.HTTPError:
@@ -81,7 +96,7 @@ def wait_healthy(
 ) -> Outcome:
     """Poll ``/health`` until it answers 200 ("ready"), the process dies ("failed") or time runs out."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=max(poll_s, 2.0)) as client:
+    with httpx.Client(timeout=max(poll_s, 2.0), **endpoint_http()) as client:
         while alive():
             if is_healthy(url, api_key=api_key, client=client):
                 return "ready"
@@ -96,7 +111,7 @@ def server_info(url: str, api_key: str | None, ca_bundle: str | None = None) -> 
     with contextlib.suppress(httpx.HTTPError, ValueError):
         headers = auth_headers(api_key)
         info = httpx.get(
-            f"{url}/get_server_info", headers=headers, timeout=10.0, verify=tls_context(ca_bundle)
+            f"{url}/get_server_info", headers=headers, timeout=10.0, **endpoint_http(ca_bundle)
         ).json()
         if isinstance(info, dict):
             return info

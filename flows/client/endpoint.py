@@ -65,7 +65,7 @@ from flows.client.responses import (
     generation_from_completion,
 )
 from flows.client.sampling import SamplingParams
-from sglang_launch.probe import tls_context
+from sglang_launch.probe import endpoint_http, tls_context
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class EndpointClient:
             http_client=openai.DefaultAioHttpClient(
                 limits=httpx2.Limits(max_connections=_SDK_CONNECTIONS),
                 timeout=timeout,
-                verify=tls_context(ca_bundle),
+                **endpoint_http(ca_bundle),
             ),
         )
 

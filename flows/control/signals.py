@@ -28,7 +28,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from flows.say import SAY
-from sglang_launch.probe import tls_context
+from sglang_launch.probe import endpoint_http
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class SignalReader:
     ) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, verify=tls_context(ca_bundle))
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, **endpoint_http(ca_bundle))
         self._source: str | None = None
         self._answered = False
         """Some source has answered: a read that fails now is an outage, not a server without them."""
