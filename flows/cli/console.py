@@ -24,8 +24,10 @@ from flows.say import said
 SHOWN_REASONS = 20
 """Reject reasons a category shows in ``datagen status``; the rest are summed in one row."""
 
-console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs and pipes
-answer = Console(soft_wrap=True)
+# long lines stay whole in logs and pipes; no emoji codes: a prompt id, URL or reason is shown as it is
+# (``gsm8k:100:7`` was printed ``gsm8k💯7``, an id found in no table)
+console = Console(stderr=True, soft_wrap=True, emoji=False)
+answer = Console(soft_wrap=True, emoji=False)
 """What a command is asked for (``datagen status``'s tables): on stdout, so ``| less`` shows it."""
 
 

@@ -22,6 +22,7 @@ from flows.client.guard import EndpointGuard
 from flows.control.signals import SignalReader
 from flows.control.vram import VramReader
 from flows.orchestration.link import PrefectLink
+from flows.say import SAY
 from flows.store.run_store import RunStore
 
 URL = "http://server:30000"
@@ -231,3 +232,19 @@ def test_a_diagnostic_stays_one_log_line_and_text_is_shown_as_it_is(
         logging.getLogger("flows.control.controller").warning("%s: [bold]50%% failed[/]", URL)
         [line] = terminal()
         assert line.endswith(f"level=WARNING logger=flows.control.controller msg={URL}: [bold]50% failed[/]")
+
+
+def test_a_warning_line_shows_its_text_as_it_is_emoji_codes_included(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A prompt id from a dataset (``gsm8k:100:7``) is named in a warning: rich read ``:100:`` as an
+    emoji code and printed ``gsm8k💯7``, an id found in no table."""
+    with cli_logging(capsys) as terminal:
+        logging.getLogger("flows.run.pump").warning(
+            "category math: prompt %s was in flight at 3 server outages [x] :warning:",
+            "gsm8k:100:7",
+            extra=SAY,
+        )
+        assert terminal() == [
+            "warning: category math: prompt gsm8k:100:7 was in flight at 3 server outages [x] :warning:"
+        ]
