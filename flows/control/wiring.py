@@ -49,11 +49,12 @@ def nvml_works() -> bool:
 def vram_reader(setting: str, url: str, gpus: frozenset[int] | None = None) -> VramReader | None:
     """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly).
     It reads ``gpus`` (the endpoint's, where the config names them), else through NVML the GPUs of
-    the server listening on ``url``'s port (``VramReader``), not the node's."""
+    the server listening on ``url``'s port (``VramReader``), not the node's. ``gpus`` named ask for a
+    guard: NVML then even where it does not work here, so that the reader says there is none."""
     if setting == "off":
         return None
     if setting == "auto":
-        local = on_this_machine(url) and nvml_works()
+        local = on_this_machine(url) and (gpus is not None or nvml_works())
         return VramReader("nvml", server_url=url, gpus=gpus) if local else None
     return VramReader(setting, server_url=url, gpus=gpus)
 

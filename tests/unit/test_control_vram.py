@@ -137,6 +137,30 @@ def test_auto_uses_nvml_only_for_a_local_server_on_a_machine_with_gpus(
     assert wiring.vram_reader("auto", "http://127.0.0.1:30000") is None  # no GPU here: quietly no guard
 
 
+async def test_gpus_named_for_a_local_server_where_nvml_fails_is_one_warning_not_a_silent_no_guard(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``gpus`` named asks for a guard (the config refuses them where vram reads none): NVML unusable
+    here (the run in a container without the driver's library, the server beside it) was quietly none."""
+    monkeypatch.setattr(wiring, "nvml_works", lambda: False)
+
+    def broken(gpus: object) -> list[tuple[int, int]]:
+        raise GpuUnavailableError("cannot read NVIDIA GPUs through NVML: Driver Not Loaded")
+
+    monkeypatch.setattr(vram_module, "read_memory", broken)
+    reader = wiring.vram_reader("auto", "http://127.0.0.1:30000", frozenset({4, 5}))
+    assert reader is not None
+    try:
+        assert await reader.read() is None
+    finally:
+        await reader.aclose()
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line == (
+        "free GPU memory cannot be read from nvml (cannot read NVIDIA GPUs through NVML: Driver Not Loaded): "
+        "no OOM guard"
+    )
+
+
 async def test_each_endpoint_reads_its_own_nodes_exporter_and_its_own_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
