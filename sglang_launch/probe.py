@@ -52,37 +52,18 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def is_healthy(
-    url: str,
-    *,
-    api_key: str | None = None,
-    timeout_s: float = 5.0,
-    client: httpx.Client | None = None,
-    ca_bundle: str | None = None,
+async def is_healthy_async(
+    url: str, *, api_key: str | None = None, timeout_s: float = 5.0, ca_bundle: str | None = None
 ) -> bool:
     """``GET /health`` answered 200; any connection error or other status is "not healthy".
 
     The endpoint's key goes with it: SGLang and vLLM leave ``/health`` open and ignore it, but a
     gateway in front of them may check it on every path (LiteLLM's proxy does on ``/health``), and
-    its 401 would keep an endpoint that blipped out of the run for good.
-    """
-    headers = auth_headers(api_key)
-    try:
-        if client is not None:
-            return client.get(f"{url}/health", headers=headers).status_code == 200
-        response = httpx.get(f"{url}/health", headers=headers, timeout=timeout_s, **endpoint_http(ca_bundle))
-        return response.status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-async def is_healthy_async(
-    url: str, *, api_key: str | None = None, timeout_s: float = 5.0, ca_bundle: str | None = None
-) -> bool:
-    """``is_healthy`` for async code, without a thread: a silent host's check lasts its whole
-    timeout, and in ``asyncio.to_thread`` it held one of the default pool's few threads (min(32,
-    cores + 4)) that the run's other blocking work shares: new connections' address lookups,
-    shard writes, prompt reads. Many silent endpoints stalled all of it every probe round."""
+    its 401 would keep an endpoint that blipped out of the run for good. Async, without a thread: a
+    silent host's check lasts its whole timeout, and in ``asyncio.to_thread`` it held one of the
+    default pool's few threads (min(32, cores + 4)) that the run's other blocking work shares: new
+    connections' address lookups, shard writes, prompt reads. Many silent endpoints stalled all of
+    it every probe round."""
     try:
         async with httpx.AsyncClient(timeout=timeout_s, **endpoint_http(ca_bundle)) as client:
             response = await client.get(f"{url}/health", headers=auth_headers(api_key))
@@ -96,10 +77,11 @@ def wait_healthy(
 ) -> Outcome:
     """Poll ``/health`` until it answers 200 ("ready"), the process dies ("failed") or time runs out."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=max(poll_s, 2.0), **endpoint_http()) as client:
+    with httpx.Client(timeout=max(poll_s, 2.0), headers=auth_headers(api_key), **endpoint_http()) as client:
         while alive():
-            if is_healthy(url, api_key=api_key, client=client):
-                return "ready"
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{url}/health").status_code == 200:
+                    return "ready"
             if time.monotonic() > deadline:
                 return "timeout"
             time.sleep(poll_s)

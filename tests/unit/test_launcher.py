@@ -8,6 +8,7 @@ It also starts a child in its process group and holds a load-snapshot file open,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -34,11 +35,16 @@ from sglang_launch.launcher import (
     server_url,
 )
 from sglang_launch.ports import free_port
-from sglang_launch.probe import is_healthy, kv_capacity, server_info
+from sglang_launch.probe import is_healthy_async, kv_capacity, server_info
 from sglang_launch.server_config import ServerConfig
 from sglang_launch.server_record import ProcessId, ServerRecord, read_records
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def is_healthy(url: str) -> bool:
+    return asyncio.run(is_healthy_async(url))
+
 
 FAKE_SERVER = textwrap.dedent(
     """
