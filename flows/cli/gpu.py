@@ -34,7 +34,7 @@ app = typer.Typer(
     help="Check GPUs before launching SGLang, and explain what limits a running (or failed) server.",
     no_args_is_help=True,
 )
-console = Console(highlight=False)
+console = Console(highlight=False, emoji=False)  # command lines and paths shown as they are
 
 GpuCsv = Annotated[
     Path | None,

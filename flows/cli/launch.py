@@ -25,7 +25,7 @@ from sglang_launch.launcher import LaunchAttempt, StartupFailed, launch_with_lad
 from sglang_launch.server_config import SERVER_LOGS, EngineKind, EnvPreset, ParserPreset, ServerConfig
 
 app = typer.Typer(help="Start an inference server with memory settings that fit.", no_args_is_help=True)
-console = Console()
+console = Console(emoji=False)  # paths, flags and log lines shown as they are
 
 
 def load_server_section(path: Path) -> dict[str, Any]:
