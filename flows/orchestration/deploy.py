@@ -8,9 +8,14 @@ Two firings never write one run directory at once: each start takes the run lock
 (``flows/store/run_lock.py``) before anything else, and a firing that finds it held ends Completed with
 "skipped: run X is busy" instead of waiting behind a run that may last days (the next firing will
 find it free). The lock is the guard, because it also holds against a `datagen run` started by hand,
-a second deployment of the same config, or another pool. The deployment's concurrency limit (one
-firing at a time: one due while the last still runs is Cancelled by the server, "Deployment
-concurrency limit reached") saves starting processes for nothing.
+a second deployment of the same config, or another pool. With fresh run names each firing is a new
+run, so a firing lock of the config (``firing_lock``, the same kind of lock) keeps a second one off the
+servers the last still uses: it ends Completed with "skipped: previous firing still running".
+
+No deployment has a Prefect concurrency limit: with one, Prefect's engine holds a lease for each
+firing and cancels the firing when renewing it fails (``raise_on_lease_renewal_failure`` in Prefect
+3.9's ``flow_engine.py``), so a Prefect API away for a few minutes stopped a run of days, and the
+cancel, repeated at every await, cut its final flush short (measured: rows read were not written).
 
 The flow is importable by module path (``flows.orchestration.deploy.scheduled_run``) with the config
 path as its parameter: a process worker on another machine runs it from its own checkout.
@@ -28,7 +33,7 @@ from uuid import UUID
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy, State
+from prefect.client.schemas.objects import State
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.context import FlowRunContext
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
@@ -41,8 +46,10 @@ from flows.orchestration.zombies import HEARTBEAT_ENV, HEARTBEAT_S
 from flows.report.status import RunStatus, run_status
 from flows.runner import execute, sigterm_stops_run
 from flows.store.parts import Part
-from flows.store.run_lock import RunLocked
+from flows.store.run_lock import RunLock, RunLocked
 
+FIRING_LOCK = "firing.lock"
+"""``<output_dir>/.<run name>.firing.lock``: held by a firing of a deployment with fresh run names."""
 SCHEDULED_FLOW = "datagen-scheduled"
 """The deployment's flow; each firing's run is its subflow ``datagen`` (see ``flow.py``)."""
 POOL_TYPE = "process"
@@ -117,12 +124,42 @@ async def fire(
     """One firing: run (or resume) the config, or skip it when its run directory is busy.
 
     Returns the line that ends the firing (also said through ``say``): what it added, "nothing left
-    to do", or "skipped: run X is busy". SIGTERM stops it in order (``sigterm_stops_run``) and raises
-    ``CancelledError``, which Prefect's engine records as the firing's cancellation.
+    to do", "skipped: run X is busy", or, with fresh run names, "skipped: previous firing still
+    running". SIGTERM stops it in order (``sigterm_stops_run``) and raises ``CancelledError``, which
+    Prefect's engine records as the firing's cancellation.
     """
     config = load_config(config_path)
-    if fresh_run_names:
-        config = _renamed(config, fresh_run_name(config.run.name, scheduled))
+    if not fresh_run_names:
+        return await _fire(config, part, say)
+    lock = firing_lock(config, part)
+    try:
+        lock.acquire()
+    except RunLocked as error:
+        line = (
+            f"skipped: previous firing still running ({error.holder}): fresh runs of "
+            f"{config.run.name} go one at a time, so two never share the servers"
+        )
+        say(line)
+        return line
+    try:
+        return await _fire(_renamed(config, fresh_run_name(config.run.name, scheduled)), part, say)
+    finally:
+        lock.release()
+
+
+def firing_lock(config: RunConfig, part: Part | None) -> RunLock:
+    """The lock a firing with fresh run names holds for its life, beside the config's runs.
+
+    Keyed by the configured run name (and part) in the folder that holds the run directories (the
+    run's ``local_dir`` for an ``output_dir`` URL): every deployment of the config shares it. The run
+    lock's rules and kernel ``flock``, so a killed firing releases it at once and a part deployment
+    only waits for its own part.
+    """
+    return RunLock(config.run_dir.parent, part, file=f".{config.run.name}.{FIRING_LOCK}")
+
+
+async def _fire(config: RunConfig, part: Part | None, say: Callable[[str], None]) -> str:
+    """``fire`` of the run ``config`` names: run or resume it, or skip it when it is busy."""
     name = config.run.name
     before = _settled(config, part)
     # a cancel from the UI (or the worker stopping) is SIGTERM, then SIGKILL after a grace: an orderly
@@ -197,25 +234,7 @@ async def _deployment(
         entrypoint_type=EntrypointType.MODULE_PATH,
         work_pool_name=pool,
         job_variables=job_variables,
-        concurrency_limit=_one_at_a_time(fresh_run_names),
     )
-
-
-def _one_at_a_time(fresh_run_names: bool) -> ConcurrencyLimitConfig | None:
-    """The deployment's concurrency limit: one firing at a time with fresh run names, none otherwise.
-
-    A deployment with a concurrency limit gives each firing a lease that Prefect's engine renews
-    every 225 s and, when a renewal fails, cancels the firing (``raise_on_lease_renewal_failure``,
-    fixed in Prefect 3.9's ``flow_engine.py``): a Prefect API away for a few minutes stopped a run
-    of days, and the cancel, repeated at every await, cut its final flush short (measured: the rows
-    read were not written). A firing of one run needs no limit: the run's own lock lets one firing
-    write it and the others end "skipped: run X is busy" in about 10 s. With fresh run names each
-    firing is a new run that would compete for the same servers, so the limit stays (a firing due
-    while the previous one runs is Cancelled before any process starts), with that risk.
-    """
-    if not fresh_run_names:
-        return None
-    return ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
 
 def serve(

@@ -24,7 +24,14 @@ LOCK_FILE = ".lock"
 
 
 class RunLocked(RuntimeError):
-    """Another live process is running in this run directory (the CLI exits 2 with this line)."""
+    """Another live process is running in this run directory (the CLI exits 2 with this line).
+
+    ``holder`` is what the holder wrote ("pid N on HOST, started ..."), for a caller's own line.
+    """
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class RunLock:
@@ -32,11 +39,12 @@ class RunLock:
 
     The parts of a run split with ``--part i/K`` share the directory: each holds ``.lock`` shared
     and its own ``.lock-part-i-of-K`` exclusively, so parts run side by side, a part never twice,
-    and a whole (unsplit) run never beside any part.
+    and a whole (unsplit) run never beside any part. ``file`` names another lock with the same rules
+    in ``run_dir`` (a deployment's firing lock, ``flows/orchestration/deploy.py``).
     """
 
-    def __init__(self, run_dir: Path, part: Part | None = None) -> None:
-        self.path = run_dir / LOCK_FILE
+    def __init__(self, run_dir: Path, part: Part | None = None, *, file: str = LOCK_FILE) -> None:
+        self.path = run_dir / file
         self.part = part
         self._fds: list[int] = []
 
@@ -48,7 +56,7 @@ class RunLock:
         whose = f"part {self.part}: "
         shared = _take(self.path, fcntl.LOCK_SH, whose)
         try:
-            own = _take(self.path.with_name(f"{LOCK_FILE}-{self.part.label}"), fcntl.LOCK_EX, whose)
+            own = _take(self.path.with_name(f"{self.path.name}-{self.part.label}"), fcntl.LOCK_EX, whose)
         except RunLocked:
             os.close(shared)
             raise
@@ -81,7 +89,8 @@ def _take(path: Path, mode: int, whose: str) -> int:
         os.close(fd)
         raise RunLocked(
             f"{path.parent} is in use by another datagen run ({holder or 'holder unknown'}): "
-            "wait for it to end, or stop it; a killed run releases the directory at once"
+            "wait for it to end, or stop it; a killed run releases the directory at once",
+            holder or "holder unknown",
         ) from None
     os.ftruncate(fd, 0)
     started = datetime.now(UTC).isoformat(timespec="seconds")

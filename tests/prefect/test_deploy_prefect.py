@@ -2,7 +2,9 @@
 
 Firings of an interval schedule resume one run (a source that grows between firings gets only its
 new prompts answered, no id twice, then "nothing left to do"); a firing while the run directory is
-locked ends Completed "skipped: run X is busy"; `--fresh-run-names` makes a new run per firing.
+locked ends Completed "skipped: run X is busy"; `--fresh-run-names` makes a new run per firing, one
+at a time without a Prefect concurrency limit (a firing due meanwhile ends "skipped: previous firing
+still running").
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import pytest
 from conftest import ApiPost, prefect_api
 from pipeline_support import check_run, datagen, kill_group, rows_on_disk, write_config, write_prompts
 
-from flows.orchestration.deploy import SCHEDULED_FLOW
+from flows.config import load_config
+from flows.orchestration.deploy import SCHEDULED_FLOW, firing_lock
 from flows.orchestration.server import PrefectServer
 from flows.store.run_lock import RunLock
 from sglang_launch.simulator import SimConfig, SimulatorProcess
@@ -29,6 +32,9 @@ pytestmark = pytest.mark.prefect
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 INTERVAL_S = "3"
+FRESH_INTERVAL_S = "15"
+"""Fresh runs: each firing due while the last runs starts a process to skip; every 3 s, on 2 shared
+cores, those processes slowed a 10-prompt run to 3 minutes."""
 PATIENCE_S = 240
 """Per step; a firing takes ~15 s on an idle 2-core machine, 50 s when other suites share it."""
 
@@ -43,6 +49,10 @@ def _firings(api_post: ApiPost, deployment: str) -> list[dict[str, object]]:
     """Flow runs of the scheduled flow's deployment ``deployment`` (any state)."""
     body = {"flows": {"name": {"any_": [SCHEDULED_FLOW]}}, "deployments": {"name": {"any_": [deployment]}}}
     return api_post("flow_runs/filter", body)
+
+
+def _deployments(api_post: ApiPost, name: str) -> list[dict[str, object]]:
+    return api_post("deployments/filter", {"deployments": {"name": {"any_": [name]}}})
 
 
 def _messages(api_post: ApiPost) -> list[str]:
@@ -62,13 +72,15 @@ def _until(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], 
 
 
 @contextlib.contextmanager
-def _served(config: Path, server: PrefectServer, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+def _served(
+    config: Path, server: PrefectServer, *extra: str, interval_s: str = INTERVAL_S
+) -> Iterator[subprocess.Popen[bytes]]:
     env = {
         "PREFECT_API_URL": server.api_url,
         "PREFECT_HOME": str(server.home),
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",  # the runner looks for due firings every second (default 10)
     }
-    proc = datagen("deploy", str(config), "--interval", INTERVAL_S, *extra, env=env)
+    proc = datagen("deploy", str(config), "--interval", interval_s, *extra, env=env)
     try:
         yield proc
     finally:
@@ -136,22 +148,50 @@ def test_firings_resume_one_run_and_skip_while_it_is_busy(
     assert any("run sched resumed in" in m and "40 prompts already done are skipped" in m for m in messages)
 
 
-def test_fresh_run_names_make_a_new_run_per_firing(
-    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess
+def test_fresh_run_names_make_a_new_run_per_firing_and_one_at_a_time_without_a_lease(
+    tmp_path: Path, server: PrefectServer, sim: SimulatorProcess, api_post: ApiPost
 ) -> None:
+    """Each firing a new run, never two at once on the servers, and no Prefect concurrency limit: its
+    lease cancelled a firing of days when the API was away minutes. A firing due while the last one
+    runs ends Completed "skipped: previous firing still running" and starts no run (before: the
+    server Cancelled it, "Deployment concurrency limit reached")."""
     config = _config(tmp_path, "fresh", sim.url, 10)
 
     def complete_runs() -> list[Path]:
         return [d for d in tmp_path.glob("fresh-*") if d.is_dir() and rows_on_disk(d) == 10]
 
-    with _served(config, server, "--fresh-run-names") as proc:
+    def skipped() -> bool:
+        return any(
+            r["state_type"] == "COMPLETED"
+            and str(r["state"]["message"]).startswith("skipped: previous firing still running (pid ")
+            for r in _firings(api_post, "fresh")
+        )
+
+    def registered() -> bool:
+        return bool(_deployments(api_post, "fresh"))
+
+    held = firing_lock(load_config(config), None)
+    held.acquire()  # the previous firing, still running
+    with _served(config, server, "--fresh-run-names", interval_s=FRESH_INTERVAL_S) as proc:
+        try:
+            _until("the deployment registered", registered, proc, PATIENCE_S)
+            (deployment,) = _deployments(api_post, "fresh")
+            limit = deployment["global_concurrency_limit"]  # "concurrency_limit" is always None
+            assert limit is None and deployment["concurrency_options"] is None, limit
+            _until("a firing skipped while the last one runs", skipped, proc, PATIENCE_S)
+            assert not list(tmp_path.glob("fresh-*")), "a skipped firing starts no run"
+        finally:
+            held.release()
         _until("two complete fresh runs", lambda: len(complete_runs()) >= 2, proc, PATIENCE_S)
+        firings = _firings(api_post, "fresh")  # before the Ctrl-C, which stops a firing still running
     assert not (tmp_path / "fresh").exists(), "the configured name itself is never written"
     for run_dir in complete_runs():
         check = check_run(run_dir)
         assert len(check.row_ids) == 10 and check.duplicates == 0
         stamp = run_dir.name.removeprefix("fresh-")
         assert len(stamp) in (14, 16) and stamp.endswith("Z") and stamp[8] == "T", run_dir.name
+    ended = [(r["name"], r["state_type"], r["state"]["message"]) for r in firings]
+    assert all(state in ("COMPLETED", "SCHEDULED", "PENDING", "RUNNING") for _, state, _ in ended), ended
 
 
 def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(

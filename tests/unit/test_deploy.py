@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -212,17 +215,48 @@ async def test_a_firing_of_a_run_in_an_object_store_counts_what_it_added_there(
 
 
 @pytest.mark.parametrize("fresh_run_names", [False, True])
-async def test_only_a_deployment_of_fresh_runs_takes_a_concurrency_lease(
-    tmp_path: Path, fresh_run_names: bool
-) -> None:
+async def test_no_deployment_takes_a_concurrency_lease(tmp_path: Path, fresh_run_names: bool) -> None:
     """A concurrency limit makes Prefect's engine hold a lease for each firing and cancel the firing
     when a renewal fails (Prefect 3.9's ``flow_engine.py``: ``raise_on_lease_renewal_failure=True``
     whenever the flow run carries a deployment concurrency lease): a Prefect API away for minutes
-    stopped a run of days and cut its final flush. Firings of one run have the run lock instead."""
+    stopped a run of days and cut its final flush. Firings of one run have the run lock instead,
+    and with fresh run names the deployment's own firing lock (next test)."""
     deployment = await _deployment(_config(tmp_path), Schedule(interval_s=60), "d", fresh_run_names, None)
-    if fresh_run_names:  # each firing a new run: one at a time, or two would share the servers
-        assert deployment.concurrency_limit == 1
-        assert deployment.concurrency_options is not None
-        assert deployment.concurrency_options.collision_strategy == "CANCEL_NEW"
-    else:
-        assert deployment.concurrency_limit is None and deployment.concurrency_options is None
+    assert deployment.concurrency_limit is None and deployment.concurrency_options is None
+
+
+@pytest.mark.parametrize("part", [None, Part(1, 2)], ids=["whole", "part"])
+async def test_a_fresh_firing_while_the_last_one_runs_is_skipped_and_starts_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, part: Part | None
+) -> None:
+    """With fresh run names each firing is a new run, so the run lock cannot keep two firings off the
+    same servers: a firing due while the last still runs ends at once with "skipped: previous firing
+    still running" and starts no run (before: Prefect's concurrency limit, and its lease, did it)."""
+    config = _config(tmp_path)
+    started: list[str] = []
+    running = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def execute(config: RunConfig, *, part: Part | None = None) -> RunStatus:
+        started.append(config.run.name)
+        if len(started) == 1:  # the first firing runs until the test lets it end
+            running.set()
+            await finish.wait()
+        return RunStatus(run_dir=str(config.run_dir), fingerprint=None, categories=[])
+
+    monkeypatch.setattr(deploy, "execute", execute)
+    monkeypatch.setattr(deploy, "_settled", lambda config, part: (0, 0))
+
+    def firing(hour: int) -> Coroutine[Any, Any, str]:
+        scheduled = datetime(2026, 12, 1, hour, tzinfo=UTC)
+        return fire(config, fresh_run_names=True, scheduled=scheduled, say=lambda line: None, part=part)
+
+    first = asyncio.create_task(firing(12))
+    await running.wait()
+    second = await firing(13)
+    assert second.startswith("skipped: previous firing still running (") and "pid " in second, second
+    assert started == ["d-20261201T1200Z"], "the second firing started no run"
+    finish.set()
+    await first
+    await firing(14)  # the lock goes with the firing that held it
+    assert started == ["d-20261201T1200Z", "d-20261201T1400Z"]
