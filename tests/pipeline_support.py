@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import pyarrow.parquet as pq
 
@@ -132,6 +133,22 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+class _Stats(Protocol):
+    def stats(self) -> dict[str, Any]: ...
+
+
+def every_request_hung(sim: _Stats) -> bool:
+    """Nothing running or queued and no answer for 1 s: the run's requests all sit in the simulator's
+    added latency (``set_faults(extra_latency_s=...)``), so what it answered so far is all it will."""
+    before = sim.stats()
+    time.sleep(1.0)
+    after = sim.stats()
+    return (
+        after["requests_completed"] == before["requests_completed"]
+        and after["running"] + after["queued"] == 0
+    )
 
 
 def rows_on_disk(run_dir: Path) -> int:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+import anyio
+
 from flows.client.guard import Endpoint
 from flows.config import RunConfig, fingerprint, fingerprinted
 from flows.control.limiter import Limiter
@@ -34,6 +36,13 @@ log = logging.getLogger(__name__)
 
 Reporter = Callable[["RunSession"], Awaitable[None] | None]
 T = TypeVar("T")
+
+STOP_SHIELD_S = 60.0
+"""How long a stop (the pipeline winding down; then flush, report, close) is shielded from a cancel
+scope that keeps cancelling. Prefect's engine cancels a flow body through one (a lease it could not
+renew, a flow's timeout): the cancel came again at every await of the stop and cut the final flush
+(rows read, never written). Past the bound the rest is cut, as before; the drain's writes themselves
+are synchronous and finish. SIGTERM and Ctrl-C cancel once and need no shield."""
 
 
 class RunSession:
@@ -96,7 +105,12 @@ class RunSession:
 
         When the run is already stopping for an error, a failure here (most often the same full disk
         failing the last flush) is logged at INFO and the first error stays the one the user reads.
+        Shielded for ``STOP_SHIELD_S`` from a cancel scope cancelling the run.
         """
+        with anyio.move_on_after(STOP_SHIELD_S, shield=True):
+            await self._close(exc)
+
+    async def _close(self, exc: BaseException | None) -> None:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)  # a loop's failure: `guard`'s
@@ -140,9 +154,10 @@ class RunSession:
                 task.remove_done_callback(watch)
             if not job.done():
                 job.cancel()
-                await asyncio.wait({job})
+                with anyio.move_on_after(STOP_SHIELD_S, shield=True):  # see STOP_SHIELD_S
+                    await asyncio.wait({job})
         if failed.done():
-            if not job.cancelled():
+            if job.done() and not job.cancelled():
                 job.exception()  # what the cancel left it with follows from the loop's error
             raise failed.result()
         failed.cancel()

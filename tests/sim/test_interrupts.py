@@ -19,12 +19,23 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
-from pipeline_support import check_run, datagen, never_flush, rows_on_disk, write_config, write_prompts
+from pipeline_support import (
+    check_run,
+    datagen,
+    every_request_hung,
+    never_flush,
+    rows_on_disk,
+    write_config,
+    write_prompts,
+)
 from prefect.exceptions import TerminationSignal
 
+from flows.config import load_config
 from flows.orchestration.deploy import fire
+from flows.runner import execute
 from sglang_launch.ports import free_port
 from sglang_launch.simulator import SimConfig, SimulatorProcess, simulator_in_thread
 
@@ -44,7 +55,7 @@ def test_a_stop_abandons_in_flight_requests_within_a_bounded_time(tmp_path: Path
         proc = datagen("run", str(config), "--no-prefect")
         _wait(lambda: sim.stats()["requests_completed"] >= 60, "60 answers")
         sim.set_faults(extra_latency_s=60.0)  # from now on every request hangs for a minute
-        _wait(lambda: _idle_server(sim), "an idle server (every slot of the run hung)")
+        _wait(lambda: every_request_hung(sim), "an idle server (every slot of the run hung)")
         answered = sim.stats()["requests_completed"]
         assert rows_on_disk(tmp_path / "stop") == 0
         sent = time.monotonic()
@@ -62,15 +73,42 @@ def test_a_stop_abandons_in_flight_requests_within_a_bounded_time(tmp_path: Path
     # resuming after a stop: tests/sim/test_pipeline_resilience.py::test_sigterm_*
 
 
-def _idle_server(sim: SimulatorProcess) -> bool:
-    """Nothing running or queued and no answer for 1 s: the run's requests all sit in the latency."""
-    before = sim.stats()
-    time.sleep(1.0)
-    after = sim.stats()
-    return (
-        after["requests_completed"] == before["requests_completed"]
-        and after["running"] + after["queued"] == 0
-    )
+def test_a_run_cancelled_through_an_anyio_cancel_scope_still_flushes_every_answer_it_read(
+    tmp_path: Path,
+) -> None:
+    """Prefect's engine cancels a flow body through an anyio cancel scope (a deployment concurrency
+    lease it could not renew, a flow's ``timeout_seconds``): unlike the one ``task.cancel()`` of
+    SIGTERM or Ctrl-C, that cancel is delivered again at every await inside the scope, and it cut the
+    run's final flush short (measured under a lost lease: rows read were never written)."""
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, 1000)
+    answered: list[int] = []
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config = write_config(
+            tmp_path / "run.toml", name="scoped", output_dir=tmp_path, url=sim.url, source=source
+        )
+        never_flush(config)  # rows reach the disk only through the final flush
+
+        async def run_until_cancelled() -> None:
+            loop = asyncio.get_running_loop()
+            with anyio.CancelScope() as scope:
+
+                def cancel_once_every_request_hangs() -> None:
+                    _wait(lambda: sim.stats()["requests_completed"] >= 60, "60 answers")
+                    sim.set_faults(extra_latency_s=60.0)
+                    _wait(lambda: every_request_hung(sim), "an idle server (every slot of the run hung)")
+                    answered.append(sim.stats()["requests_completed"])
+                    loop.call_soon_threadsafe(scope.cancel)
+
+                threading.Thread(target=cancel_once_every_request_hangs, daemon=True).start()
+                await execute(load_config(config), use_prefect=False)
+            assert scope.cancelled_caught, "the run ended before it was cancelled"
+
+        asyncio.run(run_until_cancelled())
+    saved = check_run(tmp_path / "scoped")
+    assert saved.duplicates == 0 and saved.corrupt_files == []
+    assert len(saved.row_ids) + len(saved.reject_ids) == answered[0], "every answer read is on disk"
+    assert (tmp_path / "scoped" / "report.md").exists()
 
 
 def _wait(condition: object, what: str, timeout_s: float = 60) -> None:
