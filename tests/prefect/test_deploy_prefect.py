@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ApiPost, prefect_api
-from pipeline_support import check_run, datagen, kill_group, rows_on_disk, write_config, write_prompts
+from pipeline_support import (
+    check_run,
+    datagen,
+    every_request_hung,
+    kill_group,
+    never_flush,
+    rows_on_disk,
+    write_config,
+    write_prompts,
+)
 
 from flows.config import load_config
 from flows.orchestration.deploy import SCHEDULED_FLOW, firing_lock
@@ -73,14 +82,14 @@ def _until(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], 
 
 @contextlib.contextmanager
 def _served(
-    config: Path, server: PrefectServer, *extra: str, interval_s: str = INTERVAL_S
+    config: Path, server: PrefectServer, *extra: str, schedule: tuple[str, str] = ("--interval", INTERVAL_S)
 ) -> Iterator[subprocess.Popen[bytes]]:
     env = {
         "PREFECT_API_URL": server.api_url,
         "PREFECT_HOME": str(server.home),
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",  # the runner looks for due firings every second (default 10)
     }
-    proc = datagen("deploy", str(config), "--interval", interval_s, *extra, env=env)
+    proc = datagen("deploy", str(config), *schedule, *extra, env=env)
     try:
         yield proc
     finally:
@@ -172,7 +181,7 @@ def test_fresh_run_names_make_a_new_run_per_firing_and_one_at_a_time_without_a_l
 
     held = firing_lock(load_config(config), None)
     held.acquire()  # the previous firing, still running
-    with _served(config, server, "--fresh-run-names", interval_s=FRESH_INTERVAL_S) as proc:
+    with _served(config, server, "--fresh-run-names", schedule=("--interval", FRESH_INTERVAL_S)) as proc:
         try:
             _until("the deployment registered", registered, proc, PATIENCE_S)
             (deployment,) = _deployments(api_post, "fresh")
@@ -192,6 +201,41 @@ def test_fresh_run_names_make_a_new_run_per_firing_and_one_at_a_time_without_a_l
         assert len(stamp) in (14, 16) and stamp.endswith("Z") and stamp[8] == "T", run_dir.name
     ended = [(r["name"], r["state_type"], r["state"]["message"]) for r in firings]
     assert all(state in ("COMPLETED", "SCHEDULED", "PENDING", "RUNNING") for _, state, _ in ended), ended
+
+
+def test_a_firing_cancelled_from_the_ui_flushes_every_answer_it_read(
+    tmp_path: Path, server: PrefectServer, api_post: ApiPost
+) -> None:
+    """Cancel in the UI: the flow run goes Cancelling, the serving process sends the firing SIGTERM
+    and SIGKILL after a grace. The firing must stop in order within the grace: every answer read on
+    disk (rows reach it here only through the final flush), its line logged, the firing Cancelled."""
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        config = _config(tmp_path, "cancelled", sim.url, 1000)
+        never_flush(config)
+        with _served(config, server, schedule=("--cron", "0 0 1 1 *")) as proc:
+            _until("the deployment registered", lambda: bool(_deployments(api_post, "cancelled")), proc, 60)
+            (deployment,) = _deployments(api_post, "cancelled")
+            url = f"{server.api_url}/deployments/{deployment['id']}/create_flow_run"
+            created = prefect_api("POST", url, json={})
+            created.raise_for_status()
+            firing = f"{server.api_url}/flow_runs/{created.json()['id']}"
+            _until("60 answers", lambda: sim.stats()["requests_completed"] >= 60, proc, PATIENCE_S)
+            sim.set_faults(extra_latency_s=60.0)  # from now on every request hangs for a minute
+            _until("every request of the run hung", lambda: every_request_hung(sim), proc, 60)
+            answered = sim.stats()["requests_completed"]
+            cancelling = {"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}
+            prefect_api("POST", f"{firing}/set_state", json=cancelling).raise_for_status()
+
+            def cancelled() -> bool:
+                return prefect_api("GET", firing).json()["state_type"] == "CANCELLED"
+
+            _until("the firing Cancelled", cancelled, proc, PATIENCE_S)
+    saved = check_run(tmp_path / "cancelled")
+    assert saved.duplicates == 0 and saved.corrupt_files == []
+    assert len(saved.row_ids) + len(saved.reject_ids) == answered, "every answer read is on disk"
+    assert (tmp_path / "cancelled" / "report.md").exists()
+    stopped = "stopped by SIGTERM: run cancelled's finished rows are saved"
+    assert any(m.startswith(stopped) for m in _messages(api_post))
 
 
 def test_a_deployment_on_a_work_pool_is_run_by_a_worker_started_elsewhere(
