@@ -37,12 +37,15 @@ log = logging.getLogger(__name__)
 Reporter = Callable[["RunSession"], Awaitable[None] | None]
 T = TypeVar("T")
 
-STOP_SHIELD_S = 60.0
-"""How long a stop (the pipeline winding down; then flush, report, close) is shielded from a cancel
-scope that keeps cancelling. Prefect's engine cancels a flow body through one (a lease it could not
-renew, a flow's timeout): the cancel came again at every await of the stop and cut the final flush
-(rows read, never written). Past the bound the rest is cut, as before; the drain's writes themselves
-are synchronous and finish. SIGTERM and Ctrl-C cancel once and need no shield."""
+
+def shielded() -> anyio.CancelScope:
+    """A stop (the pipeline winding down; then flush, report, close) shielded from a cancel scope
+    that keeps cancelling. Prefect's engine cancels a flow body through one (a lease it could not
+    renew, a flow's timeout): the cancel came again at every await of the stop and cut the final
+    flush (rows read, never written). Unbounded, as a stop is when nothing cancels it: a bound would
+    cut a long final report of an uncancelled run too. A native cancel (SIGTERM's, Ctrl-C's, asked
+    once) still goes through."""
+    return anyio.CancelScope(shield=True)
 
 
 class RunSession:
@@ -105,9 +108,9 @@ class RunSession:
 
         When the run is already stopping for an error, a failure here (most often the same full disk
         failing the last flush) is logged at INFO and the first error stays the one the user reads.
-        Shielded for ``STOP_SHIELD_S`` from a cancel scope cancelling the run.
+        Shielded from a cancel scope cancelling the run (``shielded``).
         """
-        with anyio.move_on_after(STOP_SHIELD_S, shield=True):
+        with shielded():
             await self._close(exc)
 
     async def _close(self, exc: BaseException | None) -> None:
@@ -154,10 +157,10 @@ class RunSession:
                 task.remove_done_callback(watch)
             if not job.done():
                 job.cancel()
-                with anyio.move_on_after(STOP_SHIELD_S, shield=True):  # see STOP_SHIELD_S
+                with shielded():
                     await asyncio.wait({job})
         if failed.done():
-            if job.done() and not job.cancelled():
+            if not job.cancelled():
                 job.exception()  # what the cancel left it with follows from the loop's error
             raise failed.result()
         failed.cancel()
