@@ -29,6 +29,7 @@ from sglang_launch.logparse import parse_log
 from sglang_launch.memory_math import GIB, ServerMemory, frac, gib, kv_bytes_per_token, server_memory
 from sglang_launch.preflight import PreflightReport
 from sglang_launch.preflight import preflight as preflight_gpus
+from sglang_launch.probe import auth_headers
 
 app = typer.Typer(
     help="Check GPUs before launching SGLang, and explain what limits a running (or failed) server.",
@@ -230,8 +231,7 @@ def _bytes_per_token(given: int | None, config: Path | None, tp: int, kv_cache_d
 
 def _server_facts(source: str, api_key_env: str | None) -> ServerMemory:
     """Memory facts from a live server (``http://host:port``) or a saved /get_server_info body."""
-    key = os.environ.get(api_key_env, "") if api_key_env else ""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = auth_headers(os.environ.get(api_key_env) if api_key_env else None)
     try:
         if source.startswith(("http://", "https://")):
             response = httpx.get(source.rstrip("/") + "/get_server_info", headers=headers, timeout=10.0)

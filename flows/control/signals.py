@@ -28,7 +28,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from flows.say import SAY
-from sglang_launch.probe import endpoint_http
+from sglang_launch.probe import auth_headers, endpoint_http
 
 log = logging.getLogger(__name__)
 
@@ -334,8 +334,9 @@ class SignalReader:
         self, url: str, api_key: str | None = None, *, timeout_s: float = 2.0, ca_bundle: str | None = None
     ) -> None:
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, **endpoint_http(ca_bundle))
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s, headers=auth_headers(api_key), **endpoint_http(ca_bundle)
+        )
         self._source: str | None = None
         self._answered = False
         """Some source has answered: a read that fails now is an outage, not a server without them."""
