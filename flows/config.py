@@ -133,7 +133,8 @@ class EndpointConfig(_Strict):
     ca_bundle: str | None = Field(
         default=None,
         description="PEM file of the CA(s) that signed an https endpoint's certificate (a private CA); "
-        "when set, only these are trusted. Relative paths are relative to the config file.",
+        "when set, only these are trusted, for its DCGM exporter (vram) too. Relative paths are relative "
+        "to the config file.",
     )
     vram: VramSource | None = Field(
         default=None,

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from flows.say import SAY
 from sglang_launch.gpu import GpuUnavailableError, read_gpus, read_memory
 from sglang_launch.port_owner import serving_processes
+from sglang_launch.probe import endpoint_http
 from sglang_launch.procfs import PROC
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,11 @@ class VramReader:
     looks for the server. Else DCGM reads every GPU of its node, and NVML reads the GPUs of the server
     at ``server_url`` (see ``server_gpus``), found at the first reading and again at the first after
     ``relocate``: finding them walks /proc and lists every GPU's processes, too heavy for every tick.
-    Where they cannot be found it reads every GPU."""
+    Where they cannot be found it reads every GPU.
+
+    An exporter is reached as the endpoint is (``endpoint_http``): directly, trusting ``ca_bundle``
+    (the endpoint's) where given. It is on the server's node, which a proxy set for downloads does not
+    reach, and behind the same private CA where the server is."""
 
     def __init__(
         self,
@@ -127,11 +132,14 @@ class VramReader:
         server_url: str | None = None,
         proc_root: Path = PROC,
         gpus: frozenset[int] | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
         self.source = source
         self.server_url = server_url
         self.proc_root = proc_root
-        self._http = httpx.AsyncClient(timeout=timeout_s) if source != "nvml" else None
+        self._http = (
+            httpx.AsyncClient(timeout=timeout_s, **endpoint_http(ca_bundle)) if source != "nvml" else None
+        )
         self._warned = False
         self._warned_missing = False
         """Warned once each: an exporter's passing failure must not hide that ``gpus`` names GPUs

@@ -46,17 +46,20 @@ def nvml_works() -> bool:
     return True
 
 
-def vram_reader(setting: str, url: str, gpus: frozenset[int] | None = None) -> VramReader | None:
+def vram_reader(
+    setting: str, url: str, gpus: frozenset[int] | None = None, ca_bundle: str | None = None
+) -> VramReader | None:
     """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly).
     It reads ``gpus`` (the endpoint's, where the config names them), else through NVML the GPUs of
     the server listening on ``url``'s port (``VramReader``), not the node's. ``gpus`` named ask for a
-    guard: NVML then even where it does not work here, so that the reader says there is none."""
+    guard: NVML then even where it does not work here, so that the reader says there is none. A DCGM
+    exporter is read trusting ``ca_bundle`` (the endpoint's) where given."""
     if setting == "off":
         return None
     if setting == "auto":
         local = on_this_machine(url) and (gpus is not None or nvml_works())
         return VramReader("nvml", server_url=url, gpus=gpus) if local else None
-    return VramReader(setting, server_url=url, gpus=gpus)
+    return VramReader(setting, server_url=url, gpus=gpus, ca_bundle=ca_bundle)
 
 
 class Control:
@@ -84,6 +87,7 @@ class Control:
                     concurrency.vram_for(lane.endpoint.vram),
                     lane.endpoint.client.endpoint,
                     lane.endpoint.gpus,
+                    lane.endpoint.client.ca_bundle,
                 ),
             )
             for lane, law in zip(self.limiter.lanes, laws, strict=True)

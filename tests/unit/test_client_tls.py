@@ -19,6 +19,9 @@ from flows.client.errors import FatalEndpointError
 from flows.client.guard import EndpointGuard
 from flows.client.sampling import SamplingParams
 from flows.config import ConfigError, parse_config
+from flows.control.vram import MIB, VramSample
+from flows.control.wiring import Control
+from flows.run.endpoints import EndpointPool
 
 ANSWER = {
     "id": "1",
@@ -44,6 +47,10 @@ class Server:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def exporter(self, request: web.Request) -> web.Response:
+        """A DCGM exporter's metrics: free and used MiB of GPU 0."""
+        return web.Response(text='DCGM_FI_DEV_FB_FREE{gpu="0"} 9000\nDCGM_FI_DEV_FB_USED{gpu="0"} 71000\n')
+
 
 @pytest.fixture
 def ca() -> trustme.CA:
@@ -56,6 +63,7 @@ async def server(ca: trustme.CA) -> AsyncIterator[Server]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", state.chat)
     app.router.add_get("/health", state.health)
+    app.router.add_get("/metrics", state.exporter)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
     runner = web.AppRunner(app)
@@ -112,6 +120,28 @@ async def test_the_health_check_trusts_the_same_ca(server: Server, ca: trustme.C
     """The guard that waits for a silent server must not read a private CA as an outage."""
     assert await EndpointGuard(server.url, ca_bundle=_pem(ca, tmp_path, "ca.pem")).healthy()
     assert not await EndpointGuard(server.url).healthy()
+
+
+async def test_the_oom_guards_dcgm_exporter_is_read_trusting_the_endpoints_ca(
+    server: Server, ca: trustme.CA, tmp_path: Path
+) -> None:
+    """An exporter on the GPU node behind the same private CA as its server (here, the server itself):
+    read with the system's CAs, it was one warning and no OOM guard."""
+    endpoint = {"url": server.url, "model": "tls-model", "ca_bundle": _pem(ca, tmp_path, "ca.pem")}
+    config = parse_config(
+        _config({**endpoint, "vram": f"{server.url}/metrics"})
+        | {"run": {"name": "r", "output_dir": str(tmp_path)}}
+    )
+    pool = EndpointPool(config)
+    await pool.open()
+    control = Control(pool.endpoints, config.concurrency, tmp_path)
+    try:
+        [controller] = control.controllers
+        assert controller.vram is not None
+        assert await controller.vram.read() == VramSample(9000 * MIB, 80000 * MIB)
+    finally:
+        await control.aclose()
+        await pool.aclose()
 
 
 def _config(endpoint: dict[str, object]) -> dict[str, object]:

@@ -22,6 +22,7 @@ from flows.client.endpoint import EndpointClient
 from flows.client.guard import EndpointGuard
 from flows.client.sampling import SamplingParams
 from flows.control.signals import SignalReader
+from flows.control.vram import MIB, VramReader, VramSample
 from sglang_launch.probe import server_info, wait_healthy
 
 MESSAGE = {"role": "assistant", "content": "hi"}
@@ -39,6 +40,8 @@ ROUTES: list[tuple[str, str, dict[str, object]]] = [
     ("GET", "/v1/loads", {"loads": [{"num_running_reqs": 1, "num_waiting_reqs": 0}]}),
     ("GET", "/get_server_info", {"max_total_num_tokens": 64}),
 ]
+EXPORTER = 'DCGM_FI_DEV_FB_FREE{gpu="0"} 9000\nDCGM_FI_DEV_FB_USED{gpu="0"} 71000\n'
+"""A DCGM exporter's ``/metrics``: the OOM guard's reading of a remote server's GPU."""
 
 
 def _answer(body: dict[str, object]) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -46,6 +49,10 @@ def _answer(body: dict[str, object]) -> Callable[[web.Request], Awaitable[web.Re
         return web.json_response(body)
 
     return handler
+
+
+async def _exporter(request: web.Request) -> web.Response:
+    return web.Response(text=EXPORTER)
 
 
 def _closed_port() -> int:
@@ -61,6 +68,7 @@ async def server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
     app = web.Application()
     for method, path, body in ROUTES:
         app.router.add_route(method, path, _answer(body))
+    app.router.add_get("/dcgm/metrics", _exporter)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -68,7 +76,7 @@ async def server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
     proxy = f"http://127.0.0.1:{_closed_port()}"
     for name in ("NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
-    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.setenv(name, proxy)
     yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     await runner.cleanup()
@@ -112,3 +120,13 @@ async def test_the_launchers_wait_and_server_info_reach_it_too(server: str) -> N
     wait = asyncio.to_thread(wait_healthy, server, lambda: True, timeout_s=2.0, poll_s=0.1)
     assert await wait == "ready"
     assert await asyncio.to_thread(server_info, server, None) == {"max_total_num_tokens": 64}
+
+
+async def test_the_oom_guards_dcgm_exporter_is_reached_directly_too(server: str) -> None:
+    """An exporter on the GPU node, as the servers are: through a proxy set for package downloads it
+    was no OOM guard (or its address sent to the proxy)."""
+    reader = VramReader(f"{server}/dcgm/metrics")
+    try:
+        assert await reader.read() == VramSample(9000 * MIB, 80000 * MIB)
+    finally:
+        await reader.aclose()
