@@ -41,3 +41,21 @@ class GuardedLimit:
     @property
     def limit(self) -> int:
         return self.inner.limit if self.is_up() else 0
+
+
+class HeldLimit:
+    """A limit lowered to ``floor`` while ``held()`` says so: a fixed limit under the OOM guard, held
+    while its server's GPUs have less free memory than the guard's minimum (``oom_hold.py``).
+
+    Lowered, not closed: free memory that stays low (another job's, or the allocator's cache, which
+    SGLang does not give back when requests end) would stop the lane for good, as the adaptive law
+    never goes below ``min_limit`` either."""
+
+    def __init__(self, inner: Limit, held: Callable[[], bool], floor: int) -> None:
+        self.inner = inner
+        self.held = held
+        self.floor = floor
+
+    @property
+    def limit(self) -> int:
+        return min(self.inner.limit, self.floor) if self.held() else self.inner.limit

@@ -1,7 +1,9 @@
 """One lane per endpoint, each under its law: the limiter and controllers a run uses, from ``[concurrency]``.
 
-Fixed: every lane's limit is the configured number. Adaptive: every lane gets its own ``AdaptiveLimit``
-and an ``EndpointController`` that feeds it; the categories' demand model is shared.
+Fixed: every lane's limit is the configured number, lowered to ``min_limit`` by its ``OomHold`` while its
+GPUs' free memory is under the floor (where it has a reading of it). Adaptive: every lane gets its own
+``AdaptiveLimit`` and an ``EndpointController`` that feeds it (free memory included); the categories'
+demand model is shared.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from flows.config import ConcurrencyConfig, on_this_machine
 from flows.control.adaptive import AdaptiveLimit, LawSettings
 from flows.control.controller import EndpointController
 from flows.control.demand import CategoryDemand, DemandModel
-from flows.control.limit import FixedLimit, GuardedLimit, Limit
+from flows.control.limit import FixedLimit, GuardedLimit, HeldLimit, Limit
 from flows.control.limiter import Lane, Limiter
+from flows.control.oom_hold import OomHold
 from flows.control.timeline import DecisionTally, Timeline
 from flows.control.vram import VramReader
 from sglang_launch.gpu import GpuUnavailableError, read_memory
@@ -26,10 +29,14 @@ from sglang_launch.gpu import GpuUnavailableError, read_memory
 TIMELINE_WRITE_S = 30.0
 
 
+def min_free_vram_bytes(concurrency: ConcurrencyConfig) -> int:
+    return int(concurrency.min_free_vram_gib * 2**30)
+
+
 def law_settings(concurrency: ConcurrencyConfig) -> LawSettings:
     return LawSettings(
         target_kv=concurrency.target_kv_usage,
-        min_free_vram_bytes=int(concurrency.min_free_vram_gib * 2**30),
+        min_free_vram_bytes=min_free_vram_bytes(concurrency),
         min_limit=concurrency.min_limit,
         max_limit=concurrency.max_limit,
         initial_limit=min(max(concurrency.initial_limit, concurrency.min_limit), concurrency.max_limit),
@@ -63,34 +70,31 @@ def vram_reader(
 
 
 class Control:
-    """The limiter, and for an adaptive run the controllers and timeline; ``run`` is their loop."""
+    """The limiter; for an adaptive run the controllers and timeline, for a fixed one the OOM holds;
+    ``run`` is their loop."""
 
     def __init__(self, endpoints: list[Endpoint], concurrency: ConcurrencyConfig, run_dir: Path) -> None:
         self.concurrency = concurrency
         self.demand = DemandModel() if concurrency.adaptive else None
         self.timeline = Timeline(run_dir)
         laws: list[Limit] = [self._law(concurrency) for _ in endpoints]
+        readers = [
+            vram_reader(concurrency.vram_for(e.vram), e.client.endpoint, e.gpus, e.client.ca_bundle)
+            for e in endpoints
+        ]
+        self.holds: list[OomHold] = []
         # lanes close while their endpoint is down; one coming back wakes the waiters
         self.limiter = Limiter(
-            [Lane(e, GuardedLimit(law, e.guard.is_up)) for e, law in zip(endpoints, laws, strict=True)]
+            [
+                Lane(e, GuardedLimit(self._held(law, e, vram), e.guard.is_up))
+                for e, law, vram in zip(endpoints, laws, readers, strict=True)
+            ]
         )
         for endpoint in endpoints:
             endpoint.guard.on_up = self.limiter.notify
         self.controllers = [
-            EndpointController(
-                lane,
-                law,
-                self.limiter,
-                self.timeline,
-                poll_s=concurrency.poll_s,
-                vram=vram_reader(
-                    concurrency.vram_for(lane.endpoint.vram),
-                    lane.endpoint.client.endpoint,
-                    lane.endpoint.gpus,
-                    lane.endpoint.client.ca_bundle,
-                ),
-            )
-            for lane, law in zip(self.limiter.lanes, laws, strict=True)
+            EndpointController(lane, law, self.limiter, self.timeline, poll_s=concurrency.poll_s, vram=vram)
+            for lane, law, vram in zip(self.limiter.lanes, laws, readers, strict=True)
             if isinstance(law, AdaptiveLimit)
         ]
 
@@ -100,14 +104,31 @@ class Control:
             return AdaptiveLimit(law_settings(concurrency))
         return FixedLimit(concurrency.ceiling)
 
+    def _held(self, law: Limit, endpoint: Endpoint, vram: VramReader | None) -> Limit:
+        """A fixed limit under its ``OomHold`` where the endpoint's free GPU memory can be read; an
+        adaptive law reads it through its controller."""
+        if isinstance(law, AdaptiveLimit) or vram is None:
+            return law
+        floor = self.concurrency.min_limit
+        hold = OomHold(
+            endpoint.client.endpoint,
+            vram,
+            min_free_vram_bytes(self.concurrency),
+            floor,
+            poll_s=self.concurrency.poll_s,
+        )
+        self.holds.append(hold)
+        return HeldLimit(law, hold.held, floor)
+
     def demand_for(self, category: str, max_tokens: int) -> CategoryDemand | None:
         return self.demand.category(category, max_tokens) if self.demand is not None else None
 
     async def run(self) -> None:
-        """The controllers' loops, and the timeline written every half minute."""
-        if not self.controllers:
+        """The controllers' and OOM holds' loops, and the timeline written every half minute."""
+        if not self.controllers and not self.holds:
             return
         tasks = [asyncio.create_task(c.run()) for c in self.controllers]
+        tasks += [asyncio.create_task(hold.run(self.limiter.notify)) for hold in self.holds]
         try:
             while True:
                 await asyncio.sleep(TIMELINE_WRITE_S)
@@ -124,6 +145,8 @@ class Control:
         await asyncio.to_thread(self.timeline.write)
         for controller in self.controllers:
             await controller.aclose()
+        for hold in self.holds:
+            await hold.aclose()
 
     def summary(self) -> dict[str, Any]:
         """For the run report: the mode, and per endpoint what the law did and what polling cost."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -429,3 +432,50 @@ async def test_a_gpu_named_that_this_machine_lacks_warns_once_naming_it(
     assert await reader.read() is None and await reader.read() is None
     [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "no GPU 9 on this machine: NVML counts 4 GPUs (0-3," in line
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+async def test_a_fixed_limit_holds_admissions_while_its_gpus_free_memory_is_under_the_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`limit = N` picks the number in flight, not the risk of an OOM: the endpoint's vram and gpus
+    (and min_free_vram_gib) were silently ignored. Under the floor the lane admits no more than
+    min_limit until free memory is back above it, then the waiting requests go at once; one warning
+    says so. Only the endpoint's gpus count: another job's full GPU 1 does not hold it."""
+    gpus = FakeGpus({0: (0.5, []), 1: (0.2, [])})
+    gpus.install(monkeypatch)
+    config = parse_config(
+        {
+            "run": {"name": "fixed", "output_dir": str(tmp_path)},
+            "concurrency": {"limit": 3, "poll_s": 0.2, "min_free_vram_gib": 1.0},
+            "endpoints": [{"url": "http://127.0.0.1:30000", "model": "m", "vram": "nvml", "gpus": [0]}],
+            "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
+        }
+    )
+    pool = EndpointPool(config)
+    await pool.open()
+    control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
+    [lane] = control.limiter.lanes
+    loops = asyncio.create_task(control.run())
+    try:
+        await _until(lambda: lane.limit.limit == 1)
+        await control.limiter.acquire()  # min_limit: one at a time, not a stall
+        waiting = asyncio.create_task(control.limiter.acquire())
+        await asyncio.sleep(0.5)
+        assert not waiting.done() and lane.in_flight == 1
+        gpus.free[0] = 10 * GIB
+        await asyncio.wait_for(waiting, 5.0)
+        assert lane.limit.limit == 3 and lane.in_flight == 2
+    finally:
+        loops.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loops
+        await control.aclose()
+        await pool.aclose()
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "http://127.0.0.1:30000" in line and "0.50 GiB" in line and "min_free_vram_gib" in line
