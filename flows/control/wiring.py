@@ -151,7 +151,8 @@ class Control:
     def summary(self) -> dict[str, Any]:
         """For the run report: the mode, and per endpoint what the law did and what polling cost."""
         if not self.concurrency.adaptive:
-            return {"mode": "fixed", "limit": self.concurrency.limit, "endpoints": []}
+            held = [{"endpoint": h.url, "oom_holds": h.holds, "held_to": h.floor} for h in self.holds]
+            return {"mode": "fixed", "limit": self.concurrency.limit, "endpoints": held}
         endpoints = []
         for controller in self.controllers:
             tally = self.timeline.tallies.get(controller.url, DecisionTally())

@@ -147,7 +147,12 @@ def concurrency_markdown(concurrency: dict[str, Any] | None, *, plot: bool = Tru
     if not concurrency:
         return []
     if concurrency["mode"] == "fixed":
-        return ["## Concurrency", "", f"Fixed: {concurrency['limit']} in flight per endpoint."]
+        held = [e for e in concurrency["endpoints"] if e.get("oom_holds")]  # no holds in older summaries
+        return ["## Concurrency", "", f"Fixed: {concurrency['limit']} in flight per endpoint."] + [
+            f"- {e['endpoint']}: held to {e['held_to']} in flight {e['oom_holds']} time(s) by the OOM guard "
+            "(GPU free memory under `min_free_vram_gib`)"
+            for e in held
+        ]
     lines = [
         "## Concurrency (adaptive)",
         "",

@@ -20,6 +20,7 @@ from flows.control import vram as vram_module
 from flows.control import wiring
 from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
 from flows.control.vram import MIB, VramReader, VramSample, parse_dcgm, tightest
+from flows.report.summary import concurrency_markdown
 from flows.run.endpoints import EndpointPool
 from sglang_launch import port_owner
 from sglang_launch.gpu import GpuUnavailableError
@@ -471,6 +472,12 @@ async def test_a_fixed_limit_holds_admissions_while_its_gpus_free_memory_is_unde
         gpus.free[0] = 10 * GIB
         await asyncio.wait_for(waiting, 5.0)
         assert lane.limit.limit == 3 and lane.in_flight == 2
+        summary = control.summary()
+        assert summary["endpoints"] == [{"endpoint": "http://127.0.0.1:30000", "oom_holds": 1, "held_to": 1}]
+        assert concurrency_markdown(summary)[3:] == [
+            "- http://127.0.0.1:30000: held to 1 in flight 1 time(s) by the OOM guard "
+            "(GPU free memory under `min_free_vram_gib`)"
+        ]
     finally:
         loops.cancel()
         with contextlib.suppress(asyncio.CancelledError):
