@@ -34,8 +34,12 @@ class OomHold:
     floor: int
     """What the lane admits at most while held (``min_limit``): named in the line that says so."""
     poll_s: float
+    outages: Callable[[], int]
+    """The endpoint's outage count (``EndpointGuard.outages``): a server back from one may run on other
+    GPUs, found again before the next reading (the adaptive law's restart detector does the same)."""
     holding: bool = False
     holds: int = 0
+    seen_outages: int = 0
 
     def held(self) -> bool:
         return self.holding
@@ -45,6 +49,9 @@ class OomHold:
         hold begins or ends."""
         while True:
             await asyncio.sleep(self.poll_s)
+            if self.outages() != self.seen_outages:
+                self.seen_outages = self.outages()
+                self.reader.relocate()
             try:
                 async with asyncio.timeout(READ_DEADLINE_S):
                     sample = await self.reader.read()

@@ -116,6 +116,7 @@ class Control:
             min_free_vram_bytes(self.concurrency),
             floor,
             poll_s=self.concurrency.poll_s,
+            outages=lambda: endpoint.guard.outages,
         )
         self.holds.append(hold)
         return HeldLimit(law, hold.held, floor)

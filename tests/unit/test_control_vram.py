@@ -19,6 +19,7 @@ from flows.config import parse_config
 from flows.control import vram as vram_module
 from flows.control import wiring
 from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
+from flows.control.oom_hold import OomHold
 from flows.control.vram import MIB, VramReader, VramSample, parse_dcgm, tightest
 from flows.report.summary import concurrency_markdown
 from flows.run.endpoints import EndpointPool
@@ -486,3 +487,39 @@ async def test_a_fixed_limit_holds_admissions_while_its_gpus_free_memory_is_unde
         await pool.aclose()
     [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "http://127.0.0.1:30000" in line and "0.50 GiB" in line and "min_free_vram_gib" in line
+
+
+async def test_a_fixed_limits_oom_guard_finds_its_server_again_after_an_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fixed lane has no restart detector of its own: its guard kept reading the GPU its server used
+    before an outage, though the server came back on another (here GPU 3, full: held; GPU 2, the old
+    one, empty). The endpoint's outage count moving sends it looking again before the next reading."""
+    gpus = busy_node()
+    gpus.install(monkeypatch)
+    reader = VramReader("nvml", server_url="http://127.0.0.1:30001", proc_root=fake_proc(tmp_path / "up"))
+    outages = 0
+    hold = OomHold("http://b", reader, GIB, 1, poll_s=0.01, outages=lambda: outages)
+    changes: list[bool] = []
+
+    async def changed() -> None:
+        changes.append(hold.holding)
+
+    loop = asyncio.create_task(hold.run(changed))
+    try:
+        await _until(lambda: reader.gpus == {2})
+        assert changes == [True]  # its GPU 2 has 0.4 GiB free
+        gpus.free[2] = 79 * GIB  # the server died and came back on GPU 3
+        reader.proc_root = fake_proc(tmp_path / "again")
+        gpus.pids = {0: [SCHEDULERS_A[0]], 1: [SCHEDULERS_A[1]], 2: [TRAINER], 3: [SCHEDULER_B]}
+        await _until(lambda: changes == [True, False])  # GPU 2 read again: free
+        await asyncio.sleep(0.1)
+        assert reader.gpus == {2}  # not found again at every reading
+        outages = 1
+        await _until(lambda: reader.gpus == {3})
+        await _until(lambda: changes == [True, False, True])  # GPU 3: 0.2 GiB free
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+        await reader.aclose()
