@@ -72,9 +72,11 @@ class Categories:
         """Read what every category already has, and claim its prompts for cross-category dedup.
 
         All categories are read before any streams, so a prompt already answered in one category is
-        never asked again in another on resume, whatever order the categories then run in.
+        never asked again in another on resume, whatever order the categories then run in. The index
+        hashes with the run's key version (its manifest's), the version of the keys its rows hold.
         """
         self.loaded_at = time.monotonic()
+        self.dedup = DedupIndex(self.store.prompt_key_version())
         for category in self.config.categories:
             state = self.store.category_state(category.name)
             self.states[category.name] = state

@@ -20,7 +20,7 @@ from flows.run.regen import first_turn
 from flows.run.rows import raw_row_id, reject_row
 from flows.store.parts import Part
 from flows.store.run_store import CategoryState
-from prompts.dedup import DedupIndex, prompt_key, sample_score
+from prompts.dedup import KEY_VERSION, DedupIndex, prompt_key, sample_score
 from prompts.errors import ConversionError
 from prompts.filters import row_filter
 from prompts.formats import to_record
@@ -99,13 +99,15 @@ class Ask:
     prompt_hash: str
 
 
-def dedup_key(record: PromptRecord, category: CategoryConfig) -> str:
-    """What is asked: the first turn in ``first_turn`` mode, every user/system turn otherwise."""
+def dedup_key(record: PromptRecord, category: CategoryConfig, version: int = KEY_VERSION) -> str:
+    """What is asked: the first turn in ``first_turn`` mode, every user/system turn otherwise.
+
+    ``version``: the run's key version (its ``DedupIndex``'s), a new run's by default."""
     if category.mode == "first_turn":
         turns = first_turn(record.messages)
     else:
         turns = [m for m in record.messages if m.get("role") in ("system", "user")]
-    return prompt_key(turns, record.tools)
+    return prompt_key(turns, record.tools, version=version)
 
 
 def prepared(record: PromptRecord, category: CategoryConfig) -> PromptRecord:
@@ -259,7 +261,7 @@ def category_items(
         if room is not None and room <= 0:  # unclaimed, so the category that held it may take it
             counts.passed_by_limit += 1
             continue
-        key = dedup_key(item, category)
+        key = dedup_key(item, category, index_.version)
         owner = index_.claim(key, category.name)
         if owner is not None:
             counts.duplicates += 1

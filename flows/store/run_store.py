@@ -42,6 +42,7 @@ from flows.store.config_changes import describe_changes
 from flows.store.location import check_location
 from flows.store.parts import Part
 from flows.store.shard_schema import shard_schema
+from prompts.dedup import FIRST_KEY_VERSION, KEY_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ DATA_DIR = "data"
 REJECTS_DIR = "rejects"
 QUARANTINE_DIR = "quarantine"
 MANIFEST = "manifest.json"
+PROMPT_KEY_VERSION = "prompt_key_version"
+"""The manifest's field naming the dedup key version of the run's ``prompt_hash`` (``prompts.dedup``).
+Not part of the fingerprint: a run made before the key had versions resumes, with its first key."""
 TMP_PREFIX = ".tmp-"
 REMOTE_READ_ATTEMPTS = 3
 REMOTE_READ_WAIT_S = 1.0
@@ -305,6 +309,14 @@ class CategoryState:
         return (self.final_reject_ids | self.retryable_reject_ids) - self.row_ids
 
 
+def key_version(manifest: dict[str, Any] | None) -> int:
+    """The run's dedup key version: the new one for a run not made yet, the first for a manifest
+    written before the key had versions."""
+    if manifest is None:
+        return KEY_VERSION
+    return int(manifest.get(PROMPT_KEY_VERSION, FIRST_KEY_VERSION))
+
+
 class RunStore:
     """One run's location: manifest, per-category row and reject shards, quarantine for bad files.
 
@@ -396,6 +408,9 @@ class RunStore:
         is refused, since the same id would then belong to two parts. Parts starting at the same
         moment may each rewrite the manifest; the last rename wins and one ``history`` line can be
         lost, never the data. Returns True when an existing run is resumed.
+
+        A new run records the dedup key version it uses; an existing one keeps its own (also with
+        ``force``: the rows already there hold keys of that version).
         """
         self.fs.makedirs(self.root, exist_ok=True)
         manifest = self.read_manifest()
@@ -431,9 +446,14 @@ class RunStore:
             **({"fingerprinted": fingerprinted} if fingerprinted is not None else {}),
             "history": history,
             **({"parts": parts} if parts else {}),
+            PROMPT_KEY_VERSION: key_version(manifest),
         }
         self._put(self.manifest_path, json.dumps(document, indent=2, sort_keys=True, default=str).encode())
         return resumed
+
+    def prompt_key_version(self) -> int:
+        """The dedup key version of this run's ``prompt_hash`` (what a new run uses, before one is made)."""
+        return key_version(self.read_manifest())
 
     def remove_temporary_files(self) -> int:
         """Leftovers of a killed writer: never data, always safe to delete.

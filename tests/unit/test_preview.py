@@ -90,6 +90,19 @@ def test_steps_rejects_examples_and_lengths_come_from_the_stream() -> None:
     assert report.settings["source"] == "unused.jsonl" and report.settings["mode"] == "first_turn"
 
 
+def test_the_preview_counts_duplicates_with_the_key_a_new_run_uses() -> None:
+    """Two programs that differ in indentation are two prompts (a new run asks both); a copy with
+    CRLF line endings is a duplicate."""
+    rows = [
+        _row(0, "Fix this:\nif x:\n    a()\nb()"),
+        _row(1, "Fix this:\nif x:\n    a()\n    b()"),
+        _row(2, "Fix this:\r\nif x:\r\n    a()\r\nb()"),
+    ]
+    report = build_preview(CHAT, _opener(rows), rows_cap=100)
+    assert dict(report.steps)["after dedup"] == 2
+    assert [e.id for e in report.examples] == ["r0", "r1"]
+
+
 def test_filtered_rows_are_counted_by_reason(fixtures_dir: Path) -> None:
     category = CategoryConfig(
         name="oci",
