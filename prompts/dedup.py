@@ -1,6 +1,6 @@
 """Exact prompt dedup: the same question asked twice costs GPU time twice and teaches nothing new.
 
-"Exact" after normalisation (``normalize_text``): Unicode NFKC, line endings as ``\\n``, trailing
+"Exact" after normalisation (``normalize_text``): Unicode NFC, line endings as ``\\n``, trailing
 whitespace of each line, blank lines around the text and a margin shared by every line dropped, each
 whitespace run inside a line (after its indentation) as one space. The line structure is kept: two
 code prompts that differ in indentation or line breaks are different programs, not one question
@@ -34,7 +34,11 @@ def collapse_whitespace(text: str) -> str:
 
 
 def normalize_text(text: str) -> str:
-    """Key version 2: NFKC and spacing that does not change the question, with the lines kept.
+    """Key version 2: NFC and spacing that does not change the question, with the lines kept.
+
+    NFC, not version 1's NFKC: NFKC folds compatibility characters, and ``x²`` and ``x2``, or ``½``
+    and ``1⁄2``, are different questions (a math set's rows merged). NFC only joins the spellings of
+    one character (``e`` and a combining accent, and ``é``).
 
     Each line keeps its indentation (spaces and tabs, exactly), except a margin every non-blank line
     shares: a block pasted indented is the same block, and only the indentation of lines against each
@@ -44,7 +48,7 @@ def normalize_text(text: str) -> str:
     string literal, a heredoc, an expected output), and the two mistakes are not alike: a duplicate
     kept because of a blank line costs one more answer, two questions merged lose a row.
     """
-    lines = _LINE_END.sub("\n", unicodedata.normalize("NFKC", text)).split("\n")
+    lines = _LINE_END.sub("\n", unicodedata.normalize("NFC", text)).split("\n")
     block = textwrap.dedent("\n".join(line.rstrip() for line in lines)).strip("\n")
     return "\n".join(_squeeze_inside(line) for line in block.split("\n"))
 
@@ -57,6 +61,7 @@ def _squeeze_inside(line: str) -> str:
 
 _NORMALIZERS: dict[int, Callable[[str], str]] = {1: collapse_whitespace, 2: normalize_text}
 """Key version -> the normalisation its keys hash."""
+KEY_VERSIONS = frozenset(_NORMALIZERS)
 KEY_VERSION = 2
 """The key version a new run records and uses."""
 FIRST_KEY_VERSION = 1

@@ -25,7 +25,7 @@ from flows.runner import demo_config, demo_sim_config, execute, reset_run_dir, s
 from flows.store.location import LocationError
 from flows.store.parts import Part, PartError
 from flows.store.run_lock import RunLocked
-from flows.store.run_store import FingerprintMismatch, PartsMismatch, StoreWriteFailed
+from flows.store.run_store import FingerprintMismatch, KeyVersionUnknown, PartsMismatch, StoreWriteFailed
 
 app = typer.Typer(
     help="Regenerate EAGLE-3 drafter training data through SGLang servers, resumable exactly once.",
@@ -64,7 +64,14 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
 
     try:
         asyncio.run(_stoppable(make))
-    except (ConfigError, ConfigProblem, FingerprintMismatch, PartsMismatch, RunLocked) as error:
+    except (
+        ConfigError,
+        ConfigProblem,
+        FingerprintMismatch,
+        KeyVersionUnknown,
+        PartsMismatch,
+        RunLocked,
+    ) as error:
         fail(str(error))
     except SourceError as error:
         fail(f"{error}. Rows of the other categories are saved; fix the source and rerun to resume.")

@@ -42,7 +42,7 @@ from flows.store.config_changes import describe_changes
 from flows.store.location import check_location
 from flows.store.parts import Part
 from flows.store.shard_schema import shard_schema
-from prompts.dedup import FIRST_KEY_VERSION, KEY_VERSION
+from prompts.dedup import FIRST_KEY_VERSION, KEY_VERSION, KEY_VERSIONS
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,10 @@ class FingerprintMismatch(RuntimeError):
 
 class PartsMismatch(RuntimeError):
     """The run directory was written split into another number of parts (ids would land twice)."""
+
+
+class KeyVersionUnknown(RuntimeError):
+    """The run's prompts are keyed with a dedup key version this code does not know (a newer one)."""
 
 
 class StoreWriteFailed(RuntimeError):
@@ -433,6 +437,13 @@ class RunStore:
                 f"{self.url()} was written {written}, now {wanted}: run every part with the same K "
                 "(or use a new run name); another K would give some ids to two parts"
             )
+        version = key_version(manifest)
+        if version not in KEY_VERSIONS:
+            raise KeyVersionUnknown(
+                f"{self.url()} keys its prompts with dedup key version {version}, which this version of "
+                f"eagle-datagen does not know (it knows {', '.join(map(str, sorted(KEY_VERSIONS)))}): resume "
+                "it with the version that started it, or use a new run name"
+            )
         self.remove_temporary_files()  # after the checks: a refused start touches nothing
         history = list(manifest.get("history", [])) if manifest else []
         start = {"fingerprint": fingerprint, "started_at": datetime.now(UTC).isoformat()}
@@ -446,7 +457,7 @@ class RunStore:
             **({"fingerprinted": fingerprinted} if fingerprinted is not None else {}),
             "history": history,
             **({"parts": parts} if parts else {}),
-            PROMPT_KEY_VERSION: key_version(manifest),
+            PROMPT_KEY_VERSION: version,
         }
         self._put(self.manifest_path, json.dumps(document, indent=2, sort_keys=True, default=str).encode())
         return resumed

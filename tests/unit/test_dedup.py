@@ -31,11 +31,19 @@ def test_two_programs_that_differ_in_indentation_or_line_breaks_are_two_prompts(
         "\n  \nFix this:\nif x:\n    a()\nb()\n\n \n",  # blank lines around the text
         "Fix   this:\nif  x:\n    a()\nb()",  # space runs inside a line
         "Fix\tthis:\nif x:\n    a()\nb()",  # a tab inside a line
-        "Ｆｉｘ this:\nif\u00a0x:\n    a()\nb()",  # NFKC: fullwidth letters, a no-break space
+        "Fix this:\nif\u00a0x:\n    a()\nb()",  # a no-break space inside a line
     ],
 )
 def test_spacing_that_does_not_change_the_question_keeps_the_key(same: str) -> None:
     assert _key(same) == _key(PROGRAM)
+
+
+def test_characters_are_joined_only_where_they_are_one_character() -> None:
+    """NFKC folded ``x²`` into ``x2``: different questions in a math set, the second dropped."""
+    assert _key("Solve x² = 4") != _key("Solve x2 = 4")
+    assert _key("Add ½ and ¼") != _key("Add 1⁄2 and 1⁄4")
+    assert _key("Ｆｉｘ") != _key("Fix")  # fullwidth letters are other tokens for the model
+    assert _key("Explain caf\u00e9") == _key("Explain cafe\u0301")  # é, and e with a combining accent
 
 
 def test_a_margin_shared_by_every_line_is_not_part_of_the_question() -> None:

@@ -11,7 +11,7 @@ from flows.config import RunConfig, parse_config
 from flows.run.categories import Categories
 from flows.run.prompt_stream import Ask, StreamCounts, category_items
 from flows.store.parts import Part
-from flows.store.run_store import RunStore
+from flows.store.run_store import KeyVersionUnknown, RunStore
 from prompts.dedup import KEY_VERSION
 
 CODE = "Fix this:\nif x:\n    a()\nb()"
@@ -108,3 +108,17 @@ def test_every_part_of_an_old_run_keeps_its_first_key(tmp_path: Path, index: int
     categories = Categories(CONFIG, store)
     categories.load_states()
     assert categories.dedup.version == 1
+
+
+def test_a_run_keyed_by_a_version_this_code_does_not_know_is_refused_before_anything_is_touched(
+    tmp_path: Path,
+) -> None:
+    """A run a newer release started: hashing with another key would ask its done prompts' duplicates
+    again. It is refused with one line (the CLI prints it) before a temporary file is removed."""
+    store = _old_run(tmp_path / "run", prompt_key_version=99)
+    leftover = Path(store.data_dir("chat")) / ".tmp-leftover"
+    leftover.write_bytes(b"")
+    before = store.read_manifest()
+    with pytest.raises(KeyVersionUnknown, match=r"dedup key version 99, .* \(it knows 1, 2\): resume it"):
+        store.open_run("fp", {})
+    assert store.read_manifest() == before and leftover.exists()
