@@ -39,10 +39,13 @@ def _usage(result: ExportResult) -> list[str]:
         f"Train on it with SpecForge: data.train_data_path: {path} in the run config "
         f"(older scripts/train_eagle3.py: --train-data-path {path})"
     ]
-    if result.reasoning is Reasoning.FIELD:
+    reasoned = result.tally.with_reasoning
+    if result.reasoning is Reasoning.FIELD and reasoned and result.trainer_template is None:
+        # not for rows without reasoning (a non-thinking model's), nor once the template is chosen
         lines.append(
-            "Reasoning is in `reasoning_content`: use a thinking chat template (parser_type thinking, "
-            "e.g. qwen3-thinking, kimi-k2-thinking), or export with --reasoning inline for a general one."
+            f"{reasoned} of {result.tally.rows} rows carry reasoning in `reasoning_content`: use a thinking "
+            "chat template (parser_type thinking, e.g. qwen3-thinking, kimi-k2-thinking), or export with "
+            "--reasoning inline for a general one."
         )
     return lines
 

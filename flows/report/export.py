@@ -100,6 +100,9 @@ class ExportTally:
     """Exported rows per category whose conversation has no system turn (see ``trainer_templates``)."""
     rows_by_part: Counter[str] = field(default_factory=Counter)
     """Exported rows per part (``"2/4"``) of a run split with ``--part``; empty for a whole run."""
+    with_reasoning: int = 0
+    """Exported rows with a reasoning chain in any turn (counted by the SpecForge export, whose
+    advice on templates depends on it)."""
 
     @property
     def rows(self) -> int:
@@ -280,6 +283,8 @@ def export_specforge(
             record = specforge_record(row, reasoning)
             if not record["conversations"] or record["conversations"][0]["role"] != "system":
                 tally.without_system[row["category"]] += 1
+            if any(m.get("reasoning_content") for m in row["messages"] or ()):
+                tally.with_reasoning += 1
             yield json.dumps(record, ensure_ascii=False) + "\n"
 
     write_lines_atomically(lines(), path)

@@ -368,8 +368,9 @@ def test_summary_lines(run_dir: Path) -> None:
         "training: pass --trainer-template NAME to check against yours",
         f"Train on it with SpecForge: data.train_data_path: {result.path} in the run config "
         f"(older scripts/train_eagle3.py: --train-data-path {result.path})",
-        "Reasoning is in `reasoning_content`: use a thinking chat template (parser_type thinking, "
-        "e.g. qwen3-thinking, kimi-k2-thinking), or export with --reasoning inline for a general one.",
+        "3 of 3 rows carry reasoning in `reasoning_content`: use a thinking chat template (parser_type "
+        "thinking, e.g. qwen3-thinking, kimi-k2-thinking), or export with --reasoning inline for a general "
+        "one.",
     ]
     hf = export_hf(run_dir, selection=Selection(categories=("chat",), include_flagged=True))
     assert summary_lines(hf) == [
@@ -377,6 +378,21 @@ def test_summary_lines(run_dir: Path) -> None:
         f"Path: {hf.path}",
         f'Load it: datasets.load_from_disk("{hf.path}")',
     ]
+
+
+def test_the_reasoning_advice_comes_only_for_rows_with_reasoning_and_no_template_chosen(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    """It was printed for every SpecForge export: a non-thinking model's rows were steered to a
+    thinking template, and so was a user who had named the trainer's template already."""
+    store = RunStore(tmp_path / "plain")
+    store.open_run("fp", {})
+    store.row_writer("chat", flush_rows=10, flush_seconds=1e9).write(
+        [_row("p1", "chat", [_user("hi"), _assistant("hello")])]
+    )
+    plain = summary_lines(export_specforge(tmp_path / "plain"))
+    chosen = summary_lines(export_specforge(run_dir, trainer_template="qwen3-instruct"))
+    assert not any("`reasoning_content`" in line for line in plain + chosen)
 
 
 @pytest.mark.parametrize(
