@@ -261,7 +261,9 @@ class ConcurrencyConfig(_Strict):
         if self.mode == "fixed" and self.limit is None:
             raise ValueError('mode = "fixed" needs a `limit`')
         if self.mode == "adaptive" and self.limit is not None:
-            raise ValueError('`limit` fixes the number in flight: drop it, or mode = "adaptive"')
+            raise ValueError(
+                '`limit` fixes the number in flight: set mode = "fixed", or drop `limit` to run adaptive'
+            )
         if self.min_limit > self.max_limit:
             raise ValueError("min_limit is larger than max_limit")
         return self

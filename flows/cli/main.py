@@ -24,7 +24,7 @@ from flows.run.endpoints import ConfigProblem
 from flows.runner import demo_config, demo_sim_config, execute, reset_run_dir, sigterm_stops_run
 from flows.store.location import LocationError
 from flows.store.parts import Part, PartError
-from flows.store.run_lock import RunLocked
+from flows.store.run_lock import RunDirUnusable, RunLocked
 from flows.store.run_store import FingerprintMismatch, KeyVersionUnknown, PartsMismatch, StoreWriteFailed
 
 app = typer.Typer(
@@ -70,6 +70,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         FingerprintMismatch,
         KeyVersionUnknown,
         PartsMismatch,
+        RunDirUnusable,
         RunLocked,
     ) as error:
         fail(str(error))

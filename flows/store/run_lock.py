@@ -34,6 +34,11 @@ class RunLocked(RuntimeError):
         self.holder = holder
 
 
+class RunDirUnusable(RuntimeError):
+    """The run directory cannot be made or written (``output_dir`` a file, read-only, not permitted):
+    found before anything else, and said in one line (the CLI exits 2 with it)."""
+
+
 class RunLock:
     """Hold ``<run_dir>/.lock`` for the life of a run; refuses at once when another process holds it.
 
@@ -49,6 +54,15 @@ class RunLock:
         self._fds: list[int] = []
 
     def acquire(self) -> None:
+        try:
+            self._acquire()
+        except OSError as error:
+            raise RunDirUnusable(
+                f"cannot use the run directory {self.path.parent}: {error.strerror or error} "
+                f"({error.filename or self.path}); check `output_dir` in [run]"
+            ) from None
+
+    def _acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.part is None:
             self._fds = [_take(self.path, fcntl.LOCK_EX, "")]

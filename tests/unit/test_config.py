@@ -158,7 +158,7 @@ def test_concurrency_limit_means_fixed_and_contradictions_are_config_errors() ->
     assert adaptive.adaptive and adaptive.ceiling == 300
     for bad, words in [
         ({"mode": "fixed"}, "needs a `limit`"),
-        ({"mode": "adaptive", "limit": 8}, "drop it"),
+        ({"mode": "adaptive", "limit": 8}, 'set mode = "fixed", or drop `limit`'),
         ({"min_limit": 10, "max_limit": 5}, "min_limit"),
         ({"target_kv_usage": 1.5}, "target_kv_usage"),
     ]:

@@ -251,3 +251,27 @@ def test_a_refused_endpoint_url_is_not_echoed(tmp_path: Path) -> None:
     config.write_text(GOOD.replace("http://127.0.0.1:9", "http://user:s3cret@127.0.0.1:9"))
     result = CliRunner().invoke(app, ["run", str(config), "--no-prefect"])
     assert result.exit_code == 2 and "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_output_dir_that_cannot_be_made_exits_2_with_one_line(tmp_path: Path, where: str) -> None:
+    """It ended in a 55-line NotADirectoryError traceback from the run lock's mkdir, exit 1."""
+    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "afile").write_text("")
+    output = tmp_path / "afile" if where == "a file" else tmp_path / "afile" / "runs"
+    config = tmp_path / "run.toml"
+    config.write_text(GOOD.replace('name = "r"', f'name = "r"\noutput_dir = "{output}"'))
+    result = CliRunner().invoke(app, ["run", str(config), "--no-prefect"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: cannot use the run directory ") and "output_dir" in lines[0], lines[0]
+    assert "Not a directory" in lines[0]
+
+
+def test_a_limit_beside_mode_adaptive_is_told_the_fix_that_differs_from_what_it_set(tmp_path: Path) -> None:
+    """It said: drop it, or mode = "adaptive", the mode the user had set."""
+    config = tmp_path / "run.toml"
+    config.write_text(_with("concurrency", 'mode = "adaptive"\nlimit = 8'))
+    (tmp_path / "p.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r'set mode = "fixed", or drop `limit` to run adaptive'):
+        load_config(config)
