@@ -69,6 +69,8 @@ class _LiveView:
         self.key = _key(session)
         self.cards: dict[str, _Card] = {}
         self.rates = Rates()
+        self.category_rates: dict[str, Rates] = {}
+        """Each category's own window: its card shows its tok/s, not the run's."""
         self.events = RunEvents()
         self.source_rows: dict[str, int | None] | None = None
 
@@ -111,12 +113,14 @@ class _LiveView:
                 key=f"{key}-progress", progress=progress.percent, description=progress.description
             )
         )
-        for name in list(session.categories.runs):
+        for name, run in list(session.categories.runs.items()):
+            rates = self.category_rates.setdefault(name, Rates())
+            rates.add(run.sink.tally.rows + run.sink.tally.rejects, run.sink.tally.completion_tokens)
             disk = None if status is None else next((c for c in status.categories if c.name == name), None)
             await self._card(name).put(
                 TableArtifact(
                     key=f"{key}-{_slug(name)}",
-                    table=category_table(session, name, None if finished else tok_s, disk),
+                    table=category_table(session, name, None if finished else rates.per_s()[1], disk),
                     description=f"category {name}" + (" (final, read from the files)" if disk else " (live)"),
                 )
             )
