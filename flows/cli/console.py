@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,9 +40,40 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+PROGRESS_EVERY_S = 60.0
+"""How often a run whose output is not a terminal writes its progress line (``--progress-every``)."""
+FIRST_LINE_S = 10.0
+"""Its first line comes this soon (or at ``every_s``, if sooner): a log says at once that the run lives."""
+
+
+@dataclass(frozen=True)
+class LiveLine:
+    """What a run shows of itself while it runs: prompts settled of the total, and the detail after."""
+
+    done: int
+    total: int | None
+    detail: str
+
+
+def live_line(session: RunSession) -> LiveLine:
+    """The prompts this start settles, of the total the Prefect card shows (``run_progress``: a part's
+    own share, conversion rejects included, exact once the source is read); rows, rejects, tok/s and
+    each endpoint's load. The sum of the categories' limits, as before, was a whole run's prompts
+    without its rejects: a part's bar stopped at 23/30, a run with rejects ended at 40/30."""
+    snap = session.snapshot()
+    progress = run_progress(session, rows_per_s=0.0)
+    rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
+    detail = f"{snap['rows']} rows · {snap['rejects']} rejects · {rate:,.0f} tok/s"
+    if progress.already_done:
+        detail += f" · {progress.already_done} done before"
+    for endpoint in snap["endpoints"]:
+        detail += " · " + endpoint_line(endpoint, several=len(snap["endpoints"]) > 1)
+    return LiveLine(progress.done, progress.total, detail)
+
+
 class LiveProgress:
-    """The run's live line (a rich progress bar fed by the session's reporter hook, no per-request work)
-    and its closing summary: the terminal ``RunDisplay``."""
+    """The run's live line on a terminal (a rich progress bar fed by the session's reporter hook, no
+    per-request work) and its closing summary: the terminal ``RunDisplay``."""
 
     def __init__(self) -> None:
         self.progress = Progress(
@@ -60,22 +94,58 @@ class LiveProgress:
         self.progress.stop()
 
     def update(self, session: RunSession) -> None:
-        """The prompts this start settles, of the total the Prefect card shows (``run_progress``: a
-        part's own share, conversion rejects included, exact once the source is read). The sum of
-        the categories' limits, as before, was a whole run's prompts without its rejects: a part's
-        bar stopped at 23/30, a run with rejects ended at 40/30."""
-        snap = session.snapshot()
-        progress = run_progress(session, rows_per_s=0.0)
-        rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
-        detail = f"{snap['rows']} rows · {snap['rejects']} rejects · {rate:,.0f} tok/s"
-        if progress.already_done:
-            detail += f" · {progress.already_done} done before"
-        for endpoint in snap["endpoints"]:
-            detail += " · " + endpoint_line(endpoint, several=len(snap["endpoints"]) > 1)
-        self.progress.update(self.task, completed=progress.done, total=progress.total, detail=detail)
+        line = live_line(session)
+        self.progress.update(self.task, completed=line.done, total=line.total, detail=line.detail)
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)
+
+
+class ProgressLines:
+    """The live line as a plain, timestamped line every ``every_s`` and one at the end: the
+    ``RunDisplay`` of output that is not a terminal (``nohup datagen run cfg > run.log 2>&1``).
+
+    Rich draws its bar only on a terminal: into a file it wrote nothing until the run ended, so
+    ``tail -f run.log`` of a week-long run showed nothing for a week. Printed through the console,
+    which flushes each line and writes no escape codes where there is no terminal."""
+
+    def __init__(self, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.every_s = every_s
+        self.started = self.due = 0.0
+        """When ``start`` was called, and when the next line is due (``time.monotonic``)."""
+        self.last: LiveLine | None = None
+        self.said: LiveLine | None = None
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self.due = self.started + min(self.every_s, FIRST_LINE_S)
+
+    def update(self, session: RunSession) -> None:
+        self.last = live_line(session)
+        now = time.monotonic()
+        if now >= self.due:
+            self._say(now)
+            self.due = now + self.every_s
+
+    def stop(self) -> None:
+        """The last state, whenever the run stops (done, failed, interrupted), unless just said."""
+        if self.said is None or self.said != self.last:
+            self._say(time.monotonic())
+
+    def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
+        print_summary(summary, status)
+
+    def _say(self, now: float) -> None:
+        line = self.said = self.last or LiveLine(0, None, "starting")
+        total = "?" if line.total is None else line.total
+        elapsed = timedelta(seconds=int(now - self.started))
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        console.print(Text(f"{stamp} prompts {line.done}/{total} · {line.detail} · {elapsed}"))
+
+
+def run_display(progress_every_s: float = PROGRESS_EVERY_S) -> LiveProgress | ProgressLines:
+    """The live bar on a terminal; elsewhere (a file, a pipe) a progress line every ``progress_every_s``."""
+    return LiveProgress() if console.is_interactive else ProgressLines(progress_every_s)
 
 
 def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:

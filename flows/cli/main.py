@@ -17,7 +17,15 @@ from flows.cli import export as export_cli
 from flows.cli import gpu as gpu_cli
 from flows.cli import launch as launch_cli
 from flows.cli import prompts as prompts_cli
-from flows.cli.console import LiveProgress, answer, console, fail, print_status, setup_logging
+from flows.cli.console import (
+    PROGRESS_EVERY_S,
+    answer,
+    console,
+    fail,
+    print_status,
+    run_display,
+    setup_logging,
+)
 from flows.config import ConfigError, load_config
 from flows.report.status import run_status, status_document
 from flows.run.endpoints import ConfigProblem
@@ -108,6 +116,15 @@ def run(
             "of their id, each writing its own shards into one output location.",
         ),
     ] = None,
+    progress_every: Annotated[
+        float,
+        typer.Option(
+            "--progress-every",
+            min=0.1,
+            help="Where the output is not a terminal (a file, a pipe): a progress line about every this "
+            "many seconds (the first one sooner) and one at the end, in place of the live bar.",
+        ),
+    ] = PROGRESS_EVERY_S,
     verbose: Verbose = False,
 ) -> None:
     """Run or resume CONFIG against its endpoints (resume = the same command again)."""
@@ -118,7 +135,11 @@ def run(
     except (ConfigError, PartError) as error:
         fail(str(error))
         return
-    _run(lambda: execute(cfg, force=force, use_prefect=not no_prefect, display=LiveProgress(), part=split))
+    _run(
+        lambda: execute(
+            cfg, force=force, use_prefect=not no_prefect, display=run_display(progress_every), part=split
+        )
+    )
 
 
 @app.command()
@@ -139,7 +160,7 @@ def demo(
         console.print(
             f"simulator (SGLang 0.5.23 surface) at {sim.url}; Prefect: {'off' if no_prefect else 'on'}"
         )
-        _run(lambda: execute(cfg, use_prefect=not no_prefect, display=LiveProgress()))
+        _run(lambda: execute(cfg, use_prefect=not no_prefect, display=run_display()))
     console.print(f"demo finished in {time.monotonic() - started:.1f} s")
 
 
