@@ -111,23 +111,29 @@ async def _run_session(
         secrets = load_secret
     session = RunSession(config, force=force, part=part, secrets=secrets)
     session.reporters.append(ProgressLog(config.run_dir))
+    opening: asyncio.Task[None] | None = None
     if display is not None:
         session.reporters.append(display.update)
+        display.start()
+        opening = asyncio.create_task(_show_opening(session, display))
     try:
-        async with session:
-            if display is not None:
-                display.start()
-            try:
-                if link is not None:
-                    from flows.orchestration.flow import run_with_prefect
+        try:
+            async with session:
+                try:
+                    if link is not None:
+                        from flows.orchestration.flow import run_with_prefect
 
-                    await session.guard(run_with_prefect(session, link, None if part is None else part.label))
-                else:
-                    await session.guard(Pipeline(session).run_plain())
-            finally:
-                await session.report()
-                if display is not None:
-                    display.stop()
+                        label = None if part is None else part.label
+                        await session.guard(run_with_prefect(session, link, label))
+                    else:
+                        await session.guard(Pipeline(session).run_plain())
+                finally:
+                    await session.report()
+        finally:
+            if opening is not None:
+                opening.cancel()
+            if display is not None:
+                display.stop()
     except BaseException as error:
         if session.opened:  # explain the start, even after a failure; a refused one writes nothing
             try:
@@ -140,6 +146,14 @@ async def _run_session(
     if display is not None:
         display.summary(summary, status)
     return status
+
+
+async def _show_opening(session: RunSession, display: RunDisplay) -> None:
+    """The display's updates while the session opens, before its own reports begin: opening launches
+    ``[server]`` when asked, minutes for a large model, and the display said only "starting"."""
+    while not session.opened:
+        display.update(session)
+        await asyncio.sleep(session.report_every_s)
 
 
 @dataclass

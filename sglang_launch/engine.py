@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from sglang_launch.launcher import LaunchAttempt, ServerHandle, launch_with_ladder
@@ -35,6 +38,17 @@ class Engine(Protocol):
     def stop(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Starting:
+    """A start under way, for a run's live line: a large model takes minutes to load on its GPUs, and
+    a run that only said "starting" looked stuck."""
+
+    since: float
+    """When the start began (``time.monotonic``), over every attempt of its ladder."""
+    log_path: Path | None = None
+    """The log of the attempt running now (None before its process is spawned)."""
+
+
 class LaunchedEngine:
     """A server process this run owns: started on first use, restarted when it dies, stopped at the end.
 
@@ -46,6 +60,8 @@ class LaunchedEngine:
         self._handle: ServerHandle | None = None
         self._lock = threading.Lock()
         self.attempts: list[LaunchAttempt] = []
+        self.starting: Starting | None = None
+        """Set while a start or restart is under way."""
 
     def _running(self) -> ServerHandle:
         if self._handle is None:
@@ -66,15 +82,24 @@ class LaunchedEngine:
 
     def ensure_running(self) -> list[LaunchAttempt]:
         with self._lock:
-            if self._handle is None:
-                self._handle, attempts = launch_with_ladder(self._cfg)
-            elif self._handle.alive():
+            if self._handle is not None and self._handle.alive():
                 return []
-            else:
-                logger.warning("server pid %d at %s died; restarting it", self._handle.pid, self._handle.url)
-                attempts = self._handle.restart()
+            self.starting = Starting(time.monotonic())
+            try:
+                if self._handle is None:
+                    self._handle, attempts = launch_with_ladder(self._cfg, self._attempting)
+                else:
+                    logger.warning(
+                        "server pid %d at %s died; restarting it", self._handle.pid, self._handle.url
+                    )
+                    attempts = self._handle.restart()
+            finally:
+                self.starting = None
             self.attempts.extend(attempts)
             return attempts
+
+    def _attempting(self, log_path: Path) -> None:
+        self.starting = Starting(self.starting.since if self.starting else time.monotonic(), log_path)
 
     def stop(self) -> None:
         with self._lock:

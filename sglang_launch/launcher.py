@@ -369,8 +369,16 @@ class _Started:
     max_total_num_tokens: int | None
 
 
+AttemptStarted = Callable[[Path], None]
+"""Told each attempt's log as its server process starts: a run's live line says what it waits for."""
+
+
+def _unwatched(log_path: Path) -> None:
+    """An ``AttemptStarted`` for a caller that shows nothing while a server starts."""
+
+
 def _attempt(
-    cfg: ServerConfig, port: int, fraction: float | None, number: int
+    cfg: ServerConfig, port: int, fraction: float | None, number: int, on_attempt: AttemptStarted
 ) -> tuple[LaunchAttempt, _Started | None]:
     url = server_url(cfg.host, port)
     api_key = read_api_key(cfg)
@@ -383,6 +391,7 @@ def _attempt(
         argv, build_env(cfg, os.environ), log_path, _header(number, fraction, argv, cfg), port
     )
     try:
+        on_attempt(log_path)
         # the key goes with the wait as with every probe: SGLang ignores it on /health, the server it
         # goes to is the one it was given to, and a wrapper that checks it would otherwise time out
         outcome = wait_healthy(
@@ -413,6 +422,7 @@ def _climb(
     port: int,
     first: float | None,
     number: int,
+    on_attempt: AttemptStarted,
     failures: Sequence[tuple[float | None, int]] = (),
 ) -> tuple[_Started, list[LaunchAttempt]]:
     """Attempts from `first` down/up the ladder until one serves; raises StartupFailed.
@@ -422,7 +432,7 @@ def _climb(
     failures = list(failures)
     fraction = first
     while True:
-        attempt, started = _attempt(cfg, port, fraction, number + len(attempts))
+        attempt, started = _attempt(cfg, port, fraction, number + len(attempts), on_attempt)
         attempts.append(attempt)
         logger.info("%s", attempt.describe())
         if started is not None:
@@ -444,8 +454,16 @@ class ServerHandle:
     that start fails.
     """
 
-    def __init__(self, cfg: ServerConfig, port: int, started: _Started, attempts_so_far: int):
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        port: int,
+        started: _Started,
+        attempts_so_far: int,
+        on_attempt: AttemptStarted = _unwatched,
+    ):
         self.cfg = cfg
+        self.on_attempt = on_attempt
         self.port = port
         self.url = server_url(cfg.host, port)
         self._started = started
@@ -491,7 +509,9 @@ class ServerHandle:
             )
             raise StartupFailed([ran])
         try:
-            started, attempts = _climb(self.cfg, self.port, first, self._attempts_so_far + 1, failures)
+            started, attempts = _climb(
+                self.cfg, self.port, first, self._attempts_so_far + 1, self.on_attempt, failures
+            )
         except StartupFailed as failed:
             self._attempts_so_far += len(failed.attempts)
             raise
@@ -506,12 +526,15 @@ class ServerHandle:
         self.stop()
 
 
-def launch_with_ladder(cfg: ServerConfig) -> tuple[ServerHandle, list[LaunchAttempt]]:
+def launch_with_ladder(
+    cfg: ServerConfig, on_attempt: AttemptStarted = _unwatched
+) -> tuple[ServerHandle, list[LaunchAttempt]]:
     """Start the configured server, moving along the mem-fraction ladder on memory failures.
 
-    Raises StartupFailed (with every attempt) when no attempt serves.
+    ``on_attempt`` is told each attempt's log as it starts (a restart's too). Raises StartupFailed
+    (with every attempt) when no attempt serves.
     """
     stop_orphans(cfg.log_dir, cfg.stop_grace_s)
     port = cfg.port or free_port(cfg.host)
-    started, attempts = _climb(cfg, port, cfg.mem_fraction_static, 1)
-    return ServerHandle(cfg, port, started, len(attempts)), attempts
+    started, attempts = _climb(cfg, port, cfg.mem_fraction_static, 1, on_attempt)
+    return ServerHandle(cfg, port, started, len(attempts), on_attempt), attempts

@@ -23,6 +23,7 @@ from flows.run.reasons import commonest_reasons
 from flows.run.session import RunSession
 from flows.runner import configure
 from flows.say import said
+from sglang_launch.engine import Starting
 
 SHOWN_REASONS = 20
 """Reject reasons a category shows in ``datagen status``; the rest are summed in one row."""
@@ -68,7 +69,17 @@ def live_line(session: RunSession) -> LiveLine:
         detail += f" · {progress.already_done} done before"
     for endpoint in snap["endpoints"]:
         detail += " · " + endpoint_line(endpoint, several=len(snap["endpoints"]) > 1)
+    engine = session.pool.engine
+    if engine is not None and engine.starting is not None:
+        detail = f"{starting_line(engine.starting)} · {detail}"
     return LiveLine(progress.done, progress.total, detail)
+
+
+def starting_line(starting: Starting) -> str:
+    """The server the run launches (``[server] launch = true``), while it starts or restarts."""
+    waited = timedelta(seconds=int(time.monotonic() - starting.since))
+    log = "" if starting.log_path is None else f", log {starting.log_path}"
+    return f"launching the server: waiting {waited}{log}"
 
 
 class LiveProgress:
@@ -128,8 +139,10 @@ class ProgressLines:
             self.due = now + self.every_s
 
     def stop(self) -> None:
-        """The last state, whenever the run stops (done, failed, interrupted), unless just said."""
-        if self.said is None or self.said != self.last:
+        """The last state, whenever the run stops (done, failed, interrupted), unless just said. Not
+        after no line at all: a run refused at its start (a server that cannot be launched) is the
+        one line of its error, and a run shorter than the first line has its summary."""
+        if self.said is not None and self.said != self.last:
             self._say(time.monotonic())
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:

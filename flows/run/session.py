@@ -78,7 +78,7 @@ class RunSession:
         )
         self._control: Control | None = None
         self._flusher = Flusher(self.categories.writers)
-        self._report_every_s = report_every_s
+        self.report_every_s = report_every_s
         self._background: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Self:
@@ -208,7 +208,7 @@ class RunSession:
 
     async def _report_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._report_every_s)
+            await asyncio.sleep(self.report_every_s)
             await self.report()
 
     def elapsed_s(self) -> float:
