@@ -150,9 +150,12 @@ async def _run_session(
 
 async def _show_opening(session: RunSession, display: RunDisplay) -> None:
     """The display's updates while the session opens, before its own reports begin: opening launches
-    ``[server]`` when asked, minutes for a large model, and the display said only "starting"."""
+    ``[server]`` when asked, minutes for a large model, and the display said only "starting". Only
+    while a server starts: a start refused before (a locked run, a changed config) is its one line."""
+    engine = session.pool.engine
     while not session.opened:
-        display.update(session)
+        if engine is not None and engine.starting is not None:
+            display.update(session)
         await asyncio.sleep(session.report_every_s)
 
 

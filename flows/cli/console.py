@@ -97,16 +97,23 @@ class LiveProgress:
             transient=False,
         )
         self.task = self.progress.add_task("prompts", total=None, detail="starting")
+        self.drawn = False
+        """The bar is drawn from its first update: a start refused before any (a locked run, a changed
+        config) leaves its one error line, not a bar reading "starting" above it."""
 
     def start(self) -> None:
-        self.progress.start()
+        """Nothing yet: the bar starts at the first update."""
 
     def stop(self) -> None:
-        self.progress.stop()
+        if self.drawn:
+            self.progress.stop()
 
     def update(self, session: RunSession) -> None:
         line = live_line(session)
         self.progress.update(self.task, completed=line.done, total=line.total, detail=line.detail)
+        if not self.drawn:
+            self.drawn = True
+            self.progress.start()
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)

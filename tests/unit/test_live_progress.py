@@ -30,6 +30,7 @@ def _session(
     return SimpleNamespace(
         config=SimpleNamespace(categories=[SimpleNamespace(name="c", limit=limit)]),
         categories=SimpleNamespace(runs={"c": run}, states={"c": state}),
+        pool=SimpleNamespace(engine=None),
     )
 
 
@@ -161,3 +162,30 @@ def test_a_category_card_lists_the_commonest_reject_reasons_and_sums_up_the_rest
             "value": str(3000 - (TABLE_REASONS - 1)),
         }
         assert sum(int(row["value"]) for row in reasons) == 3050
+
+
+def test_a_terminal_bar_is_drawn_from_its_first_update_not_at_its_start() -> None:
+    """The display starts before the session opens (to show a launched server's start): a start
+    refused before any update (a locked run, a changed config) left a bar reading "starting" above
+    its one error line."""
+    from flows.cli.console import LiveProgress, console
+
+    session = _session(30, exhausted=False, yielded=3, rows=3, rejects=0, before=0)
+    session.snapshot = lambda: {
+        "rows": 3,
+        "rejects": 0,
+        "completion_tokens": 9,
+        "elapsed_s": 1.0,
+        "endpoints": [],
+    }
+    with console.capture() as refused:
+        display = LiveProgress()
+        display.start()
+        display.stop()
+    assert refused.get() == ""
+    with console.capture() as ran:
+        display = LiveProgress()
+        display.start()
+        display.update(session)
+        display.stop()
+    assert "prompts" in ran.get() and "3 rows" in ran.get()
