@@ -341,6 +341,8 @@ class SignalReader:
         self._answered = False
         """Some source has answered: a read that fails now is an outage, not a server without them."""
         self._warned = False
+        self._heard = False
+        """Some HTTP answer came back during this read (a 404 too): a server is there, not down."""
         self._has_loads: bool | None = None
         self._pool: int | None = None
         """The pool as ``/v1/loads`` last said it (all DP ranks): kept through a snapshot that failed,
@@ -352,6 +354,7 @@ class SignalReader:
 
     async def read(self) -> ServerSample | None:
         started = time.perf_counter()
+        self._heard = False
         try:
             for source in [self._source] if self._source else ["metrics", "loads"]:
                 sample = await self._read(source)
@@ -364,7 +367,8 @@ class SignalReader:
                             sample = replace(sample, capacity_tokens=self._pool)
                     return sample
             self._source = None
-            self._warn_once()
+            if self._answered or self._heard:  # a server down is its guard's to tell, not ours
+                self._warn_once()
             return None
         finally:
             self.read_seconds += time.perf_counter() - started
@@ -374,8 +378,10 @@ class SignalReader:
         try:
             if source == "metrics":
                 response = await self._http.get(f"{self.url}/metrics")
+                self._heard = True
                 return parse_metrics(response.text) if response.status_code == 200 else None
             response = await self._http.get(f"{self.url}/v1/loads")
+            self._heard = True
             if response.status_code != 200:
                 return None
             return parse_loads(response.json())
@@ -411,8 +417,9 @@ class SignalReader:
         return loads
 
     def _warn_once(self) -> None:
-        """One warning; the advice to enable metrics only for a server that never served them (a
-        restart's outage told a server that had served them all along to start with them)."""
+        """One warning; the advice to enable metrics only for a server that answers but never served
+        them (a restart's outage told a server that had served them all along to start with them, and
+        a URL where nothing listens was told the same)."""
         if self._warned:
             return
         self._warned = True

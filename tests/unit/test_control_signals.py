@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -321,6 +322,13 @@ def test_with_data_parallel_ranks_a_failed_snapshot_keeps_the_pool_the_last_one_
     assert samples[1] is not None and samples[1].source == "sglang-metrics"
 
 
+def _mocked_reader(handler: Callable[[httpx.Request], httpx.Response]) -> SignalReader:
+    """A reader of ``http://server`` whose every request ``handler`` answers (or fails)."""
+    reader = SignalReader("http://server")
+    reader._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return reader
+
+
 def test_a_server_that_stops_answering_for_a_while_is_not_advised_to_enable_metrics(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -340,8 +348,7 @@ def test_a_server_that_stops_answering_for_a_while_is_not_advised_to_enable_metr
 
     async def through_a_restart() -> list[ServerSample | None]:
         nonlocal down
-        reader = SignalReader("http://server")
-        reader._http = httpx.AsyncClient(transport=httpx.MockTransport(restarting))
+        reader = _mocked_reader(restarting)
         try:
             samples = [await reader.read()]
             down = True
@@ -360,3 +367,32 @@ def test_a_server_that_stops_answering_for_a_while_is_not_advised_to_enable_metr
     asyncio.run(_reads(silent, 3))
     advice = [r for r in caplog.records if "--enable-metrics" in r.getMessage()]
     assert len(advice) == 1
+
+
+def test_a_server_that_is_down_is_not_advised_to_enable_metrics_until_it_answers_without_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A URL where nothing listens was told that it "serves neither /metrics nor /v1/loads" and to
+    start SGLang with --enable-metrics: advice for a server that answers without those routes, not
+    for one that is down (its guard says that). Once it answers, still without them, it is told."""
+    up = False
+
+    def down_then_without_routes(request: httpx.Request) -> httpx.Response:
+        if not up:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(404)
+
+    async def reads() -> list[ServerSample | None]:
+        nonlocal up
+        reader = _mocked_reader(down_then_without_routes)
+        try:
+            samples = [await reader.read(), await reader.read()]
+            assert not [r for r in caplog.records if r.levelname == "WARNING"]
+            up = True
+            return [*samples, await reader.read(), await reader.read()]
+        finally:
+            await reader.aclose()
+
+    assert asyncio.run(reads()) == [None] * 4
+    advice = [r for r in caplog.records if "--enable-metrics" in r.getMessage()]
+    assert len(advice) == 1 and "serves neither" in advice[0].getMessage()
