@@ -204,6 +204,15 @@ class EndpointClient:
         self._model = await self._with_retries(lambda _attempt: self._first_model_id())
         return self._model
 
+    async def listed_models(self) -> list[str]:
+        """The model ids ``GET /v1/models`` lists (served names, LoRA adapters), asked once: the
+        run's start and an endpoint's return ask this where a retry would only delay the answer."""
+        return await self._attempt(lambda _attempt: self._model_ids(), 1)
+
+    def use_model(self, model: str) -> None:
+        """Ask for ``model`` from now on (the model of the run, checked to be listed here)."""
+        self._model = model
+
     async def generate(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: SamplingParams
     ) -> Generation:
@@ -254,10 +263,11 @@ class EndpointClient:
             return self._model if self._model is not None else await self.detect_model()
 
     async def _first_model_id(self) -> str:
+        return first_model(await self._model_ids())
+
+    async def _model_ids(self) -> list[str]:
         page = await self._openai.models.list()
-        if not page.data:
-            raise FatalEndpointError("the endpoint serves no model (GET /v1/models is empty)")
-        return page.data[0].id
+        return [model.id for model in page.data]
 
     def _session(self) -> aiohttp.ClientSession:
         """The chat pool, made on first use (an aiohttp session belongs to the running loop)."""
@@ -341,6 +351,14 @@ class EndpointClient:
             if self._on_attempt_failed is not None:
                 self._on_attempt_failed(error)
         raise error
+
+
+def first_model(listed: list[str]) -> str:
+    """The model a server serves by default: the first it lists (vLLM and SGLang list the base model
+    first, LoRA adapters after it)."""
+    if not listed:
+        raise FatalEndpointError("the endpoint serves no model (GET /v1/models is empty)")
+    return listed[0]
 
 
 def _json(data: bytes | str) -> Any:

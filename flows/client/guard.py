@@ -64,6 +64,9 @@ class EndpointGuard:
         a wait: a request that saw this count move while it was in flight failed with its server, not
         for its prompt (the pump counts the two apart)."""
         self.on_up: Callable[[], Awaitable[None]] | None = None
+        self.admit: Callable[[], Awaitable[bool]] | None = None
+        """Asked once the endpoint answers its health check again, before it takes a request: False
+        keeps it out (a server back with another model than the run's)."""
         self._last_ok = 0.0
         self._last_gone_check = -math.inf
         self._lock = asyncio.Lock()
@@ -159,6 +162,12 @@ class EndpointGuard:
             self._cut.add(task)
             task.cancel()
 
+    def leave_out(self) -> None:
+        """Out of service from the start (it did not answer when the run started): ``probe`` brings it
+        in once it answers, as an endpoint given up on."""
+        self.up = False
+        self._give_up()
+
     async def probe(self) -> None:
         """Bring a lane that was given up on back into service once its server answers again."""
         if self.up or self._lock.locked():
@@ -170,6 +179,8 @@ class EndpointGuard:
         if not await self.healthy():
             return False
         came_back = not self.up
+        if came_back and self.admit is not None and not await self.admit():
+            return False
         self.up, self.gone, self._last_ok = True, False, time.monotonic()
         if came_back:
             log.warning("%s answers again", self.url, extra=SAY)

@@ -1,7 +1,7 @@
 """The run's servers: launched by the run or given in the config, each with its client and guard.
 
 Opening the pool is where a run first touches the network: it starts ``[server]`` when asked, builds
-one client per endpoint, checks that every endpoint serves the same model, and closes what it opened
+one client per endpoint, reads which model they serve (``flows.run.served``), and closes what it opened
 (clients, and the server it launched, never one it did not) on the way out.
 """
 
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from flows.client.endpoint import EndpointClient, RetryPolicy
 from flows.client.guard import Endpoint, EndpointGuard
 from flows.config import RunConfig
+from flows.run.served import ModelsDiffer, ServedModel, first_answers, not_answering, run_model
+from flows.say import SAY
 from sglang_launch.engine import Engine, LaunchedEngine
 from sglang_launch.server_config import SERVER_LOGS, ServerConfig
 
@@ -153,10 +155,33 @@ class EndpointPool:
         return targets
 
     async def _resolve_model(self) -> str:
-        models = [e.client.model or await e.client.detect_model() for e in self.endpoints]
-        if len(set(models)) > 1:
-            raise ConfigProblem(f"the endpoints serve different models: {sorted(set(models))}")
-        return models[0]
+        """The run's model (``flows.run.served``); the endpoints that do not answer are left out until
+        they answer and list it, each said once; every endpoint is checked again when it comes back."""
+        configured = {e.client.model for e in self.endpoints if e.client.model is not None}
+        if len(configured) > 1:  # said before anything is asked
+            raise ConfigProblem(f"the endpoints serve different models: {sorted(configured)}")
+        listings = await first_answers(self.endpoints, self.config.retry.outage_patience_s)
+        try:
+            model = run_model(listings)
+        except ModelsDiffer as error:
+            raise ConfigProblem(str(error)) from None
+        answering = sum(entry.down is None for entry in listings)
+        for entry in listings:
+            served = ServedModel(entry.endpoint, model, configured=entry.endpoint.client.model is not None)
+            entry.endpoint.client.use_model(model)
+            entry.endpoint.guard.admit = served.admit
+            if entry.down is None:
+                served.check(entry.models)
+                continue
+            entry.endpoint.guard.leave_out()
+            log.warning(
+                "%s: the run starts on the %d other endpoint(s); it joins when it answers%s",
+                not_answering(entry),
+                answering,
+                "" if served.configured else f" and lists {model}",
+                extra=SAY,
+            )
+        return model
 
     async def probe_loop(self) -> None:
         """Put endpoints that were given up on back in service when they answer again.
