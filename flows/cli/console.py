@@ -295,7 +295,22 @@ class TerminalLog(logging.Handler):
             self.handleError(record)
 
 
+PREFECT_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+def not_a_run_outcome(record: logging.LogRecord) -> bool:
+    """False for Prefect's own account of how a flow or task run ended badly: its ERROR records
+    ("Crash detected!" for each run a Ctrl-C cancels, a failure's traceback once per flow run it
+    passes through). The CLI's one ``error:`` line says what happened; those records still go to
+    the flow run's logs in the API, where the UI shows them."""
+    run_logger = any(record.name == n or record.name.startswith(n + ".") for n in PREFECT_RUN_LOGGERS)
+    return not (run_logger and record.levelno >= logging.ERROR)
+
+
 def setup_logging(verbose: bool) -> None:
     """The logging of a command that runs something (``configure``), shown through ``TerminalLog``:
-    first thing, before Prefect is imported."""
-    configure(verbose, TerminalLog())
+    first thing, before Prefect is imported. Prefect's run outcomes are left out unless ``verbose``."""
+    terminal = TerminalLog()
+    if not verbose:
+        terminal.addFilter(not_a_run_outcome)
+    configure(verbose, terminal)

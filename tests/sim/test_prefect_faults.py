@@ -29,10 +29,15 @@ def _without_prefect_api(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "PREFECT_HOME": str(home), **extra}
 
 
-def _config(tmp_path: Path, name: str, url: str, prompts: int) -> Path:
+def _config(tmp_path: Path, name: str, url: str, prompts: int, extra: str = "") -> Path:
     write_prompts(tmp_path / "p.jsonl", prompts)
     return write_config(
-        tmp_path / "run.toml", name=name, output_dir=tmp_path, url=url, source=tmp_path / "p.jsonl"
+        tmp_path / "run.toml",
+        name=name,
+        output_dir=tmp_path,
+        url=url,
+        source=tmp_path / "p.jsonl",
+        extra=extra,
     )
 
 
@@ -70,6 +75,32 @@ def test_a_configured_api_that_is_down_says_so_once_and_the_run_completes(tmp_pa
     assert text.count(NOT_UPDATED) == 1 and "Traceback" not in text
     check = check_run(tmp_path / "down")
     assert len(check.row_ids) == 60 and check.duplicates == 0
+
+
+@pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "no-prefect"])
+def test_a_source_that_cannot_be_read_is_one_line_with_and_without_prefect(
+    tmp_path: Path, prefect: bool
+) -> None:
+    """A Hub category offline (the README's example config without internet) beside a local one.
+    Before, under Prefect the terminal got each flow run's copy of the ``SourceError`` traceback
+    (``prefect.flow_runs`` at ERROR, 36-53 lines) above the one line; they stay in the flow run's
+    logs in the API, which is where the UI shows them."""
+    with SimulatorProcess(SimConfig(**FAST)) as sim:
+        hub = '[[categories]]\nname = "hub"\nsource = "some-org/some-dataset"\nformat = "messages"\n'
+        config = _config(tmp_path, "src", sim.url, 5, extra=hub)
+        offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+        proc = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", str(config), *([] if prefect else ["--no-prefect"])],
+            env=_without_prefect_api(tmp_path / "home", **offline),
+            capture_output=True,
+            timeout=180,
+        )
+    text = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 2, text[-3000:]
+    lines = [line for line in text.splitlines() if "level=" in line or line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith("error: category hub: cannot read some-org/some-dataset")
+    assert "Traceback" not in text
+    assert len(check_run(tmp_path / "src").row_ids) == 5  # the local category still ran
 
 
 @contextlib.contextmanager
