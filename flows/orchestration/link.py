@@ -73,9 +73,9 @@ def start_ephemeral(server: _Server | None = None, attempts: int = START_ATTEMPT
     traceback; starting it here turns that into a retry and then one readable line.
     """
     if server is None:
-        from prefect.server.api.server import SubprocessASGIServer
+        from flows.orchestration.temporary_server import TemporaryServer
 
-        server = SubprocessASGIServer()
+        server = TemporaryServer()
     problem = ""
     for _ in range(attempts):
         try:
@@ -211,7 +211,9 @@ async def open_link() -> PrefectLink | None:
         except Exception:
             log.warning("could not create the automation that marks dead flow runs Crashed", exc_info=True)
         return PrefectLink(configured)
-    await asyncio.to_thread(start_ephemeral)
+    from flows.orchestration.temporary_server import start_in_lasting_thread
+
+    await start_in_lasting_thread(start_ephemeral)
     from prefect.server.api.server import SubprocessASGIServer
 
     return PrefectLink(SubprocessASGIServer().api_url)

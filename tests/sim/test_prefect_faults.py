@@ -13,13 +13,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pipeline_support import check_run, datagen, wait_for_rows, write_config, write_prompts
+from pipeline_support import check_run, children, datagen, wait_for_rows, write_config, write_prompts
 
 from sglang_launch.ports import free_port
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
 FAST = {"time_scale": 0.02, "stream_interval_s": 0.02, "log_level": "warning", "context_length": 8192}
 NOT_UPDATED = "the Prefect UI is not"
+TEMPORARY_SERVER = b"prefect.server.api.server:create_app"
+STOP_BOUND_S = 20.0  # measured: about 2 s on the 2 shared cores; generous for a loaded CI box
 UVICORN_ARGS = ("--host", "127.0.0.1", "--log-level", "error")
 
 
@@ -75,6 +77,38 @@ def test_a_configured_api_that_is_down_says_so_once_and_the_run_completes(tmp_pa
     assert text.count(NOT_UPDATED) == 1 and "Traceback" not in text
     check = check_run(tmp_path / "down")
     assert len(check.row_ids) == 60 and check.duplicates == 0
+
+
+def test_ctrl_c_in_a_terminal_stops_the_run_and_then_the_temporary_server_with_one_line(
+    tmp_path: Path,
+) -> None:
+    """A terminal's Ctrl-C is SIGINT to its whole foreground process group. Before, that group held
+    Prefect's temporary server too: it died under the run, whose task runs then failed to report,
+    and the terminal got a screen of "Crash detected!" and EventsWorker lines, the resume line after
+    7 s and the exit after 15 s to 2 minutes (Prefect draining its logs into a dead API)."""
+    with SimulatorProcess(SimConfig(**{**FAST, "time_scale": 0.3})) as sim:
+        config = _config(tmp_path, "ctrlc", sim.url, 2000)
+        run = datagen("run", str(config), env=_without_prefect_api(tmp_path / "home"))
+        try:
+            wait_for_rows(tmp_path / "ctrlc", 1, run, timeout_s=180)
+            (server,) = children(run.pid, TEMPORARY_SERVER)
+            sent = time.monotonic()
+            os.killpg(run.pid, signal.SIGINT)  # what the terminal does: the run's whole group
+            out, _ = run.communicate(timeout=60)
+            stopped_s = time.monotonic() - sent
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
+    text = out.decode()
+    assert run.returncode == 130, text[-3000:]
+    assert stopped_s < STOP_BOUND_S, f"took {stopped_s:.1f} s to stop:\n{text[-3000:]}"
+    lines = [line for line in text.splitlines() if "level=" in line or line.startswith("error:")]
+    assert lines == ["error: interrupted: finished rows are saved; run the same command again to resume."]
+    assert "Traceback" not in text and "Crash detected" not in text
+    assert not Path(f"/proc/{server}").exists(), "the temporary server outlived the run"
+    check = check_run(tmp_path / "ctrlc")
+    assert check.duplicates == 0 and check.corrupt_files == [] and 0 < len(check.row_ids) < 2000
+    print(f"Ctrl-C with the temporary server: exit 130 {stopped_s:.2f} s after the signal")
 
 
 @pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "no-prefect"])

@@ -1,0 +1,104 @@
+"""Prefect's temporary API server, out of the terminal's way and still tied to the run's life.
+
+Prefect starts it (``SubprocessASGIServer``) as a plain child, in the run's process group. A
+terminal's Ctrl-C is SIGINT to that whole group, so it killed the server under the run: each task
+run then failed to report its end, Prefect printed a screen of "Crash detected!" and EventsWorker
+lines, and its exit drained logs into the dead API for 15 s to 2 minutes. Here the server is
+started in its own session, so a Ctrl-C reaches only the run, which stops in order: its flow runs
+are recorded, Prefect's logs and events drained, then the server stopped (Prefect's own ``atexit``).
+
+Out of the group, the server no longer died with it (``kill -9`` of the group, the terminal
+closing): on Linux it is asked to stop (SIGTERM) when the thread that started it ends, and that
+thread lives as long as the process (``start_in_lasting_thread``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import functools
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from prefect.server.api import server as prefect_server
+
+T = TypeVar("T")
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _stop_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when its parent thread ends (None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+
+    def set_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    return set_death_signal
+
+
+class _Subprocess:
+    """``subprocess`` as Prefect's server module sees it while it starts the server: ``Popen`` in a
+    new session (and stopped with its parent); everything else is ``subprocess``'s own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    Popen = functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=_stop_with_parent())
+
+
+@contextmanager
+def _popen_in_own_session() -> Iterator[None]:
+    plain = prefect_server.subprocess
+    prefect_server.subprocess = _Subprocess()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        prefect_server.subprocess = plain
+
+
+class TemporaryServer(prefect_server.SubprocessASGIServer):
+    """Prefect's temporary server with its uvicorn child in a session of its own.
+
+    Created before Prefect first asks for it, it is the instance Prefect's client then uses
+    (``SubprocessASGIServer`` keeps one per port), with Prefect's command, settings and stop.
+    """
+
+    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+        with _popen_in_own_session():
+            return super()._run_uvicorn_command()
+
+
+async def start_in_lasting_thread(start: Callable[[], T]) -> T:
+    """Run ``start()`` in a thread that then waits until the process ends, and return its result.
+
+    Linux sends the server's death signal when the thread that started it ends, not the process: the
+    event loop's worker threads end when ``asyncio.run`` returns, before Prefect's exit drains its
+    logs into the server. This thread outlives that (a daemon, it ends with the process).
+    """
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not result.done():  # cancelled meanwhile (Ctrl-C while the server starts)
+            outcome()
+
+    def run() -> None:
+        try:
+            outcome = functools.partial(result.set_result, start())
+        except BaseException as error:
+            outcome = functools.partial(result.set_exception, error)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+            loop.call_soon_threadsafe(settle, outcome)
+        threading.Event().wait()
+
+    threading.Thread(target=run, name="prefect-temporary-server", daemon=True).start()
+    return await result
