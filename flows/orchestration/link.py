@@ -66,25 +66,28 @@ class _Server(Protocol):
     def stop(self) -> None: ...
 
 
-def start_ephemeral(server: _Server | None = None, attempts: int = START_ATTEMPTS) -> None:
+def start_ephemeral(new_server: Callable[[], _Server] | None = None, attempts: int = START_ATTEMPTS) -> None:
     """Start Prefect's temporary API server, retrying a failed start once on a new port.
 
     Prefect starts it lazily on first use, deep inside the flow engine, where a timeout becomes a
-    traceback; starting it here turns that into a retry and then one readable line.
+    traceback; starting it here turns that into a retry and then one readable line. Each try is a new
+    server: Prefect keeps one per port and its ``stop`` forgets the one stopped, so a retry of that one
+    started a server Prefect's client no longer knew (its API URL ended in ``:None``, and Prefect
+    started another, in the run's process group).
     """
-    if server is None:
+    if new_server is None:
         from flows.orchestration.temporary_server import TemporaryServer
 
-        server = TemporaryServer()
+        new_server = TemporaryServer
     problem = ""
     for _ in range(attempts):
+        server = new_server()
         try:
             server.start()
             return
         except Exception as error:  # Prefect raises a bare RuntimeError with the child's output
             problem = _first_sentence(str(error))
             server.stop()  # a half-started server would hold the port and the database
-            server.port = None
     timeout = os.environ.get(STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S)
     raise PrefectUnavailable(
         f"Prefect's temporary API server did not start ({attempts} tries, {timeout} s each; "

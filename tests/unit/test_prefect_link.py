@@ -42,16 +42,44 @@ class FakeServer:
         self.stops += 1
 
 
-def test_a_failed_first_start_is_retried_on_a_fresh_port() -> None:
-    server = FakeServer(failures=1)
-    start_ephemeral(server)
-    assert (server.starts, server.stops, server.port) == (2, 1, None)
+def test_a_failed_first_start_is_retried_on_a_new_server() -> None:
+    servers: list[FakeServer] = []
+
+    def new_server() -> FakeServer:
+        servers.append(FakeServer(failures=1 if not servers else 0))
+        return servers[-1]
+
+    start_ephemeral(new_server)
+    assert [(s.starts, s.stops) for s in servers] == [(1, 1), (1, 0)]
+
+
+def test_the_retried_server_is_the_one_prefects_client_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect keeps one server per port and its stop forgets the one stopped: the retry started that
+    forgotten one, and the run's link (``SubprocessASGIServer()``) was a new, never started one."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from flows.orchestration.temporary_server import TemporaryServer
+
+    started: list[object] = []
+
+    def start(self: TemporaryServer, timeout: int | None = None) -> None:
+        if not started:
+            started.append(None)
+            raise RuntimeError("Timed out while attempting to connect to ephemeral Prefect API server.")
+        self.port, self.running = 8123, True
+        started.append(self)
+
+    monkeypatch.setattr(TemporaryServer, "start", start)
+    monkeypatch.setattr(TemporaryServer, "stop", SubprocessASGIServer.stop)
+    monkeypatch.setattr(SubprocessASGIServer, "_instances", {})
+    start_ephemeral()
+    assert SubprocessASGIServer() is started[-1] and SubprocessASGIServer().api_url.endswith(":8123/api")
 
 
 def test_a_server_that_never_starts_is_one_line_saying_how_to_run_without() -> None:
     server = FakeServer(failures=5)
     with pytest.raises(PrefectUnavailable) as caught:
-        start_ephemeral(server)
+        start_ephemeral(lambda: server)
     message = str(caught.value)
     assert server.starts == 2 and server.stops == 2
     assert "Timed out while attempting to connect" in message
