@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -47,6 +48,7 @@ def deploy(
     """Run CONFIG on a schedule: each firing resumes the run (or starts a new one); a busy run is skipped."""
     setup_logging(verbose)
     from flows.orchestration.deploy import Schedule, api_and_ui, deployment_name, register, serve
+    from flows.orchestration.link import api_answers
 
     try:
         schedule = Schedule(cron=cron, interval_s=interval)
@@ -66,9 +68,13 @@ def deploy(
     # registering on a pool and serving both talk to the API first: one line when it does not answer
     try:
         if pool is None:
+            if not asyncio.run(api_answers(api)):  # before saying it serves
+                raise httpx.ConnectError("no answer to /health")
             console.print(f"serving {what} from this process; Ctrl-C stops it", markup=False)
             console.print(f"UI: {ui}/deployments (its flow runs: {ui}/runs)", markup=False)
-            serve(config, schedule, label, fresh_run_names, split)
+            with contextlib.suppress(KeyboardInterrupt):
+                serve(config, schedule, label, fresh_run_names, split)
+            console.print(f"stopped serving {what}: its schedule is paused until it is served again")
             return
         deployment_id = asyncio.run(register(config, schedule, label, fresh_run_names, pool, split))
     except (httpx.HTTPError, OSError) as error:

@@ -143,6 +143,10 @@ def test_firings_resume_one_run_and_skip_while_it_is_busy(
         )
         # read before the Ctrl-C that ends the test: it stops (Crashes) a firing still running, by design
         firings = _firings(api_post, "sched")
+    said = proc.stdout.read().decode() if proc.stdout else ""
+    assert "stopped serving deployment datagen-scheduled/sched" in said, said[-2000:]  # was silent
+    (deployment,) = _deployments(api_post, "sched")
+    assert deployment["paused"], "the line says the schedule is paused: Prefect's serve pauses it"
     check = check_run(run_dir)
     assert len(check.row_ids) == 60 and check.duplicates == 0 and not check.corrupt_files
 

@@ -68,6 +68,7 @@ def test_deploying_with_the_api_down_is_one_line(tmp_path: Path, where: list[str
         result = CliRunner().invoke(app, ["deploy", str(config), "--interval", "60", *where])
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 3 and "cannot be reached" in result.output
+    assert "serving" not in result.output and "UI:" not in result.output  # said only once it is true
 
 
 async def test_a_firing_on_a_busy_run_is_skipped_with_a_line_and_writes_nothing(tmp_path: Path) -> None:
