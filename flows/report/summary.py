@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.report.run_plots import CONTROLLER_PLOT, Plots, plots_markdown, write_plots
-from flows.report.status import RunStatus
+from flows.report.status import CategoryStatus, RunStatus
 from flows.run.prompt_stream import StreamCounts
 from flows.store.location import local_path
 from flows.store.parts import Part
@@ -58,14 +58,7 @@ def run_summary(session: RunSession, status: RunStatus) -> dict[str, Any]:
                     "recovered_after_outage": tally.recovered,
                     "reject_reasons": dict(tally.reject_reasons),
                 },
-                "total": None
-                if disk is None
-                else {
-                    "rows": disk.rows,
-                    "training_rows": disk.training_rows,
-                    "rejects": disk.rejects,
-                    "completion_tokens": disk.completion_tokens,
-                },
+                "total": None if disk is None else disk_totals(disk),
             }
         )
     snap = session.snapshot()
@@ -113,6 +106,9 @@ def report_markdown(summary: dict[str, Any], *, controller_plot: bool = True) ->
         lines.append(
             f"| {category['name']} | " + " | ".join(str(v) for v in category["steps"].values()) + " |"
         )
+    totals = [(c["name"], c["total"]) for c in summary["categories"] if c.get("total")]
+    if totals:
+        lines += ["", "## On disk (every start so far)", "", *totals_table(totals)]
     lines += ["", *concurrency_markdown(summary.get("concurrency"), plot=controller_plot)]
     lines += ["", "## Why rows were left out", ""]
     for category in summary["categories"]:
@@ -127,6 +123,11 @@ def report_markdown(summary: dict[str, Any], *, controller_plot: bool = True) ->
         }
         if category["duplicates"]:
             reasons["duplicate prompt"] = category["duplicates"]
+        total = category.get("total")
+        if total and total["rows"] > total["training_rows"]:  # kept, but not for training
+            reasons["on disk: rows with flags (truncated, empty, a bad tool call), not training rows"] = (
+                total["rows"] - total["training_rows"]
+            )
         for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
             lines.append(f"- {category['name']}: {reason} — {count}")
     lines += [
@@ -140,6 +141,28 @@ def report_markdown(summary: dict[str, Any], *, controller_plot: bool = True) ->
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def disk_totals(category: CategoryStatus) -> dict[str, int]:
+    """What a category's files hold, as the summary keeps it."""
+    return {
+        "rows": category.rows,
+        "training_rows": category.training_rows,
+        "rejects": category.rejects,
+        "completion_tokens": category.completion_tokens,
+    }
+
+
+def totals_table(totals: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Per category, what its files hold: rows, training rows (no flags), rejects, output tokens."""
+    return [
+        "| category | rows | training rows | rejects | output tokens |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {name} | {t['rows']} | {t['training_rows']} | {t['rejects']} | {t['completion_tokens']} |"
+            for name, t in totals
+        ),
+    ]
 
 
 def concurrency_markdown(concurrency: dict[str, Any] | None, *, plot: bool = True) -> list[str]:
@@ -256,11 +279,8 @@ def report_from_disk(run_dir: Path) -> list[Path]:
         "",
         "No summary.json (the last start was killed before its end): totals read from the files.",
         "",
-        "| category | rows | training rows | rejects | output tokens |",
-        "|---|---:|---:|---:|---:|",
+        *totals_table([(c.name, disk_totals(c)) for c in status.categories]),
     ]
-    for c in status.categories:
-        lines.append(f"| {c.name} | {c.rows} | {c.training_rows} | {c.rejects} | {c.completion_tokens} |")
     lines += ["", *plots_markdown(run_dir, write_plots(run_dir, run_dir))]
     write_text_atomically("\n".join(lines) + "\n", run_dir / REPORT)
     return [run_dir / REPORT]
