@@ -129,11 +129,15 @@ class StartupFailed(RuntimeError):
 
 
 def _last_line(path: Path) -> str:
+    """The server's last line in its log, past the launcher's own header (``_header``)."""
     try:
-        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        text = path.read_text(errors="replace")
     except OSError:
         return "(no log)"
-    return lines[-1][:300] if lines else "(empty log)"
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith(HEADER_LINES)]
+    if not lines:  # quoting the header's last line read as the server's words
+        return "(nothing: the server wrote no line; check [server] python is an interpreter with SGLang)"
+    return lines[-1][:300]
 
 
 # --- process plumbing --------------------------------------------------------------------------
@@ -351,6 +355,10 @@ def _kv_capacity(url: str, log_path: Path, api_key: str | None) -> int | None:
         return served
     ranks = parse_log(log_path.read_text(errors="replace")).startup
     return next((r.max_total_num_tokens for r in ranks if r.max_total_num_tokens is not None), None)
+
+
+HEADER_LINES = ("# datagen launch attempt ", "# argv: ", "# env overrides: ")
+"""How the launcher's own lines at the top of each attempt's log begin."""
 
 
 def _header(number: int, fraction: float | None, argv: list[str], cfg: ServerConfig) -> str:

@@ -300,6 +300,19 @@ def test_unclassified_exit_is_not_retried(fake_cfg: ServerConfig, tmp_path: Path
     assert not pid_alive(int((tmp_path / "child.pid").read_text()))
 
 
+def test_a_server_that_writes_nothing_is_not_quoted_as_the_launchers_header(
+    fake_cfg: ServerConfig, tmp_path: Path
+) -> None:
+    """`python = "/bin/false"`: the failure quoted "its log ends with: # env overrides: (none)", the
+    launcher's own header line, as if the server had said it."""
+    python = tmp_path / "silent-python"
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    with pytest.raises(StartupFailed) as err:
+        launch_with_ladder(fake_cfg.model_copy(update={"python": str(python)}))
+    assert "env overrides" not in str(err.value) and "the server wrote no line" in str(err.value)
+
+
 def test_never_healthy_times_out_and_is_stopped(fake_cfg: ServerConfig, tmp_path: Path) -> None:
     cfg = with_env(fake_cfg, FAKE_HANG="1").model_copy(update={"startup_timeout_s": 0.5})
     with pytest.raises(StartupFailed) as err:
