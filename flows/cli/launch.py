@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from flows.cli.console import fail
 from sglang_launch.launcher import LaunchAttempt, StartupFailed, launch_with_ladder
 from sglang_launch.server_config import SERVER_LOGS, EngineKind, EnvPreset, ParserPreset, ServerConfig
 
@@ -121,8 +122,7 @@ def launch(
     try:
         section = load_server_section(config) if config else {}
     except (OSError, tomllib.TOMLDecodeError) as unreadable:
-        console.print(f"[red]cannot read {escape(str(config))}:[/red] {escape(str(unreadable))}")
-        raise typer.Exit(2) from None
+        fail(f"cannot read {config}: {unreadable}")
     fields = {**section, **flags}
     if ladder:
         fields["mem_fraction_ladder"] = ladder
@@ -131,8 +131,7 @@ def launch(
     try:
         cfg = ServerConfig.model_validate(fields)
     except ValidationError as invalid:
-        console.print(f"[red]invalid server settings:[/red] {escape(str(invalid))}")
-        raise typer.Exit(2) from invalid
+        fail(f"invalid server settings: {invalid}")
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a stopped `datagen launch` stops its server
     try:
         code = _serve(cfg, check)
@@ -152,7 +151,7 @@ def _serve(cfg: ServerConfig, check: bool) -> int:
         return 1
     except (ValueError, RuntimeError, OSError) as refused:  # before any server ran: no model_path, the
         # key's variable unset, the port taken, no such --python
-        console.print(f"[red]cannot launch:[/red] {escape(str(refused))}")
+        console.print(f"[bold red]error:[/] cannot launch: {escape(str(refused))}")
         return 2
     with handle:
         console.print(attempts_table(attempts))

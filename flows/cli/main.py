@@ -83,7 +83,10 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     ) as error:
         fail(str(error))
     except SourceError as error:
-        fail(f"{error}. Rows of the other categories are saved; fix the source and rerun to resume.")
+        fail(
+            f"{error}. Rows finished so far are saved; fix the source and run the same command again "
+            "to resume."
+        )
     except StartupFailed as error:
         fail(f"{error}. Server logs: the run directory's server-logs/ (see `datagen diagnose`).", 4)
     except CannotLaunch as error:
@@ -204,7 +207,10 @@ def sim(ctx: typer.Context) -> None:
     from sglang_launch.simulator.cli import config_from_args
     from sglang_launch.simulator.server import serve
 
-    serve(config_from_args(list(ctx.args)))
+    cfg = config_from_args(list(ctx.args))
+    if cfg.port:  # a free port (0) is known only once bound
+        console.print(f"simulator at http://{cfg.host}:{cfg.port} (an [[endpoints]] url); Ctrl-C stops it")
+    serve(cfg)
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

@@ -20,6 +20,7 @@ def _one_line(args: list[str]) -> str:
     result = runner.invoke(app, args)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 2, result.output
+    assert result.output.startswith(("error: ", "Usage: ")), result.output  # ours, or typer's
     return result.output
 
 
