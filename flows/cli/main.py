@@ -99,9 +99,16 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         remedy = "free some space" if error.disk_full else "fix it"
         fail(f"{error}. Rows written so far are saved; {remedy} and run the same command again to resume.", 5)
     except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
-        fail(f"cannot use the endpoint: {error}", 3)
+        refused_key = error.status in (401, 403)
+        fail(f"cannot use the endpoint: {error}" + (KEY_HINT if refused_key else ""), 3)
     except (KeyboardInterrupt, _Terminated):
         fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
+
+
+KEY_HINT = (
+    "; the server refused the API key: set the endpoint's api_key_env (or api_key_secret) to the key "
+    "it was started with"
+)
 
 
 @app.command()
