@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 from flows.config import CategoryConfig
 from flows.run.regen import first_turn
 from flows.run.rows import raw_row_id, reject_row
+from flows.say import SAY
 from flows.store.parts import Part
 from flows.store.run_store import CategoryState
 from prompts.dedup import KEY_VERSION, DedupIndex, prompt_key, sample_score
@@ -29,6 +31,8 @@ from prompts.records import PromptRecord
 
 Rows = Iterable[tuple[int, dict[str, Any]]]
 MAX_UNEXPECTED_REASON = 200
+
+log = logging.getLogger(__name__)
 
 EARLY_ROWS = 1000
 """Rows that reach conversion before the category is judged for a wrong format or column names."""
@@ -277,6 +281,7 @@ def category_items(
         counts.yielded += 1
         yield Ask(item, key)
     counts.exhausted = True
+    say_if_none_converted(category, counts)
 
 
 def check_early_rejects(category: CategoryConfig, counts: StreamCounts) -> None:
@@ -284,11 +289,30 @@ def check_early_rejects(category: CategoryConfig, counts: StreamCounts) -> None:
     rejected = counts.rejected.total()
     if counts.converted + rejected != EARLY_ROWS or rejected < EARLY_REJECT_SHARE * EARLY_ROWS:
         return
+    raise MostlyRejected(f"{rejected} of the first {EARLY_ROWS} rows {_failed_conversion(category, counts)}")
+
+
+def say_if_none_converted(category: CategoryConfig, counts: StreamCounts) -> None:
+    """A source shorter than ``EARLY_ROWS`` of which no row converted ends its stream with a warning:
+    a ShareGPT file read as ``messages`` ended as a run of rejects, its summary saying how to load
+    the (empty) data. Not a stop: the rejects are written, nothing is left to ask."""
+    rejected = counts.rejected.total()
+    if counts.converted or not rejected or rejected >= EARLY_ROWS:  # a longer one stopped at its EARLY_ROWS
+        return
+    log.warning(
+        "category %s: all %d rows %s",
+        category.name,
+        rejected,
+        _failed_conversion(category, counts),
+        extra=SAY,
+    )
+
+
+def _failed_conversion(category: CategoryConfig, counts: StreamCounts) -> str:
     reasons = "; ".join(f"{reason} ({n})" for reason, n in counts.rejected.most_common(3))
-    raise MostlyRejected(
-        f"{rejected} of the first {EARLY_ROWS} rows failed conversion as format {category.format!r} "
-        f"(first reasons: {reasons}); check the category's `format` and `columns` "
-        f"(`datagen prompts preview {category.name}` shows a few rows)"
+    return (
+        f"failed conversion as format {category.format!r} (first reasons: {reasons}); check the "
+        f"category's `format` and `columns` (`datagen prompts preview {category.name}` shows a few rows)"
     )
 
 

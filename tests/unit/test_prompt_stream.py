@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,28 @@ def test_a_category_maps_column_names_to_the_formats() -> None:
     assert [(i.record.id, i.record.messages) for i in items if isinstance(i, Ask)] == [
         (f"s{n}", [{"role": "user", "content": f"q{n}"}]) for n in range(3)
     ]
+
+
+def test_a_short_source_of_which_no_row_converts_ends_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under ``EARLY_ROWS`` rows the early stop never came: a ShareGPT file read as ``messages`` made
+    a run of rejects and a summary on how to load the empty data, and nothing said why."""
+    wrong = CategoryConfig(name="sg", source="unused.jsonl", format="sharegpt")  # rows hold "dialogue"
+    items = list(
+        category_items(wrong, CategoryState(), StreamCounts(), rows=_role_content_rows(40, "dialogue"))
+    )
+    assert len(items) == 40 and all(isinstance(item, Reject) for item in items)  # every reject written
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line == (
+        "category sg: all 40 rows failed conversion as format 'sharegpt' (first reasons: no conversations "
+        "list (40)); check the category's `format` and `columns` (`datagen prompts preview sg` shows a few "
+        "rows)"
+    )
+    caplog.clear()
+    good = CategoryConfig(name="sg", source="unused.jsonl", format="sharegpt")
+    list(category_items(good, CategoryState(), StreamCounts(), rows=_role_content_rows(3, "conversations")))
+    assert not caplog.records
 
 
 def test_a_category_of_nearly_all_rejects_stops_after_the_first_rows_with_one_line() -> None:
