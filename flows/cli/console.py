@@ -262,7 +262,7 @@ def print_summary(summary: dict[str, Any], status: RunStatus) -> None:
         others = sum(c["other_parts"] for c in categories)
         console.print(f"Part {summary['part']}: {others} prompts were left to the other parts.")
     data_dir = f"{status.run_dir}/data"
-    report = Path(summary["local_dir"]) / report_name(summary["part"])
+    report = Path(summary["local_dir"]).resolve() / report_name(summary["part"])  # absolute, as Data is
     console.print(f"[bold]Data:[/] {escape(data_dir)}   [bold]Report:[/] {escape(str(report))}")
     console.print(
         f'Load it: datasets.load_dataset("parquet", data_dir="{escape(data_dir)}") '

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from test_status import _run_dir
 from typer.testing import CliRunner
 
@@ -189,3 +190,31 @@ def test_a_terminal_bar_is_drawn_from_its_first_update_not_at_its_start() -> Non
         display.update(session)
         display.stop()
     assert "prompts" in ran.get() and "3 rows" in ran.get()
+
+
+def test_the_summary_names_the_report_by_an_absolute_path_as_it_names_the_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's summary said `Data: /abs/output/demo/data   Report: output/demo/report.md`."""
+    from flows.cli.console import console, print_summary
+    from flows.report.status import run_status
+    from flows.store.run_store import RunStore
+
+    monkeypatch.chdir(tmp_path)
+    RunStore(Path("output/demo")).open_run("fp", {})
+    summary = {
+        "categories": [],
+        "rows": 0,
+        "rejects": 0,
+        "completion_tokens": 0,
+        "seconds": 1.0,
+        "output_tokens_per_s": 0.0,
+        "rows_per_s": 0.0,
+        "server_restarts": 0,
+        "resumed": False,
+        "part": None,
+        "local_dir": "output/demo",
+    }
+    with console.capture() as shown:
+        print_summary(summary, run_status(Path("output/demo")))
+    assert f"Report: {tmp_path / 'output' / 'demo' / 'report.md'}" in shown.get().replace("\n", "")
