@@ -15,14 +15,17 @@ import httpx
 import pynvml
 import pytest
 
-from flows.config import parse_config
+from flows.client.guard import Endpoint
+from flows.config import RunConfig, parse_config
 from flows.control import vram as vram_module
 from flows.control import wiring
 from flows.control.adaptive import AdaptiveLimit, LawSettings, Observation
 from flows.control.oom_hold import OomHold
 from flows.control.vram import MIB, VramReader, VramSample, parse_dcgm, tightest
 from flows.report.summary import concurrency_markdown
+from flows.run import endpoints as endpoints_module
 from flows.run.endpoints import EndpointPool
+from flows.run.served import Listing
 from sglang_launch import port_owner
 from sglang_launch.gpu import GpuUnavailableError
 
@@ -166,6 +169,19 @@ async def test_gpus_named_for_a_local_server_where_nvml_fails_is_one_warning_not
     )
 
 
+async def _opened(config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> EndpointPool:
+    """The run's endpoints, each as if it answered and listed its model (none of these hosts runs a
+    server: what is tested is the wiring from the config to the OOM guard's readers)."""
+
+    async def listed(endpoints: list[Endpoint], patience_s: float) -> list[Listing]:
+        return [Listing(e, [e.client.model or "m"]) for e in endpoints]
+
+    monkeypatch.setattr(endpoints_module, "first_answers", listed)
+    pool = EndpointPool(config)
+    await pool.open()
+    return pool
+
+
 async def test_each_endpoint_reads_its_own_nodes_exporter_and_its_own_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,8 +207,7 @@ async def test_each_endpoint_reads_its_own_nodes_exporter_and_its_own_gpus(
             "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
         }
     )
-    pool = EndpointPool(config)
-    await pool.open()  # no request: every endpoint names its model
+    pool = await _opened(config, monkeypatch)
     control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
     try:
         readers = {c.url: c.vram for c in control.controllers}
@@ -459,8 +474,7 @@ async def test_a_fixed_limit_holds_admissions_while_its_gpus_free_memory_is_unde
             "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
         }
     )
-    pool = EndpointPool(config)
-    await pool.open()
+    pool = await _opened(config, monkeypatch)
     control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
     [lane] = control.limiter.lanes
     loops = asyncio.create_task(control.run())
