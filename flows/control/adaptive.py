@@ -365,7 +365,7 @@ class AdaptiveLimit:
         usage = server.kv_usage if server else None
         if usage is not None and usage >= s.target_kv / 2:
             self._slow_start = False
-        low_vram = obs.free_vram_bytes is not None and obs.free_vram_bytes < s.min_free_vram_bytes
+        low_vram = short_of_memory(obs.free_vram_bytes, s.min_free_vram_bytes)
         if retractions or low_vram or (usage is not None and usage >= s.kv_full):
             if obs.at < self._hold_until and obs.in_flight > current:
                 # one back-off per event: the requests above the new limit are still draining
@@ -547,6 +547,12 @@ class AdaptiveLimit:
         s = self.settings
         wanted = math.ceil(obs.completions_per_s * s.staleness_s)
         return max(s.min_queue, min(wanted, obs.in_flight // 8))
+
+
+def short_of_memory(free_bytes: int | None, min_free_bytes: int) -> bool:
+    """The OOM guard's test, the adaptive law's and a fixed lane's (``oom_hold.py``) alike: memory
+    that cannot be read is no reason to back off (the reader warned that there is no guard)."""
+    return free_bytes is not None and free_bytes < min_free_bytes
 
 
 def _within_budget(limit: int, budget: int | None, current: int) -> int:

@@ -43,19 +43,26 @@ class GuardedLimit:
         return self.inner.limit if self.is_up() else 0
 
 
+class Hold(Protocol):
+    """Whether a lane is held to ``floor`` right now (``OomHold``: its server short of GPU memory)."""
+
+    holding: bool
+    floor: int
+
+
 class HeldLimit:
-    """A limit lowered to ``floor`` while ``held()`` says so: a fixed limit under the OOM guard, held
-    while its server's GPUs have less free memory than the guard's minimum (``oom_hold.py``).
+    """A limit lowered to its hold's ``floor`` while the hold says so: a fixed limit under the OOM
+    guard, held while its server's GPUs have less free memory than the guard's minimum
+    (``oom_hold.py``).
 
     Lowered, not closed: free memory that stays low (another job's, or the allocator's cache, which
     SGLang does not give back when requests end) would stop the lane for good, as the adaptive law
     never goes below ``min_limit`` either."""
 
-    def __init__(self, inner: Limit, held: Callable[[], bool], floor: int) -> None:
+    def __init__(self, inner: Limit, hold: Hold) -> None:
         self.inner = inner
-        self.held = held
-        self.floor = floor
+        self.hold = hold
 
     @property
     def limit(self) -> int:
-        return min(self.inner.limit, self.floor) if self.held() else self.inner.limit
+        return min(self.inner.limit, self.hold.floor) if self.hold.holding else self.inner.limit

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from flows.control.adaptive import short_of_memory
 from flows.control.controller import READ_DEADLINE_S
 from flows.control.vram import VramReader, VramSample
 from flows.say import SAY
@@ -32,7 +33,7 @@ class OomHold:
     reader: VramReader
     min_free_bytes: int
     floor: int
-    """What the lane admits at most while held (``min_limit``): named in the line that says so."""
+    """What the lane admits at most while held (``min_limit``): its ``HeldLimit`` reads it here."""
     poll_s: float
     outages: Callable[[], int]
     """The endpoint's outage count (``EndpointGuard.outages``): a server back from one may run on other
@@ -40,9 +41,6 @@ class OomHold:
     holding: bool = False
     holds: int = 0
     seen_outages: int = 0
-
-    def held(self) -> bool:
-        return self.holding
 
     async def run(self, changed: Callable[[], Awaitable[None]]) -> None:
         """Read every ``poll_s``; ``changed`` (the limiter's notify) wakes the waiters when the
@@ -63,7 +61,7 @@ class OomHold:
     def observe(self, sample: VramSample | None) -> bool:
         """Hold or not after ``sample``; whether that changed. The first hold is a warning for the
         person running the run, later ones and every end an INFO line."""
-        holding = sample is not None and sample.free_bytes < self.min_free_bytes
+        holding = short_of_memory(sample.free_bytes if sample else None, self.min_free_bytes)
         if holding == self.holding:
             return False
         self.holding = holding

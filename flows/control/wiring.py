@@ -109,17 +109,16 @@ class Control:
         adaptive law reads it through its controller."""
         if isinstance(law, AdaptiveLimit) or vram is None:
             return law
-        floor = self.concurrency.min_limit
         hold = OomHold(
             endpoint.client.endpoint,
             vram,
             min_free_vram_bytes(self.concurrency),
-            floor,
+            self.concurrency.min_limit,
             poll_s=self.concurrency.poll_s,
             outages=lambda: endpoint.guard.outages,
         )
         self.holds.append(hold)
-        return HeldLimit(law, hold.held, floor)
+        return HeldLimit(law, hold)
 
     def demand_for(self, category: str, max_tokens: int) -> CategoryDemand | None:
         return self.demand.category(category, max_tokens) if self.demand is not None else None
