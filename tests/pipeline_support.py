@@ -62,6 +62,23 @@ format = "messages"
     return path
 
 
+def empty_summary(local_dir: str, *, rejects: int = 0) -> dict[str, Any]:
+    """The summary `datagen run` prints at its end for a run that made no row (its fields, zeroed)."""
+    return {
+        "categories": [],
+        "rows": 0,
+        "rejects": rejects,
+        "completion_tokens": 0,
+        "seconds": 1.0,
+        "output_tokens_per_s": 0.0,
+        "rows_per_s": 0.0,
+        "server_restarts": 0,
+        "resumed": False,
+        "part": None,
+        "local_dir": local_dir,
+    }
+
+
 def never_flush(config: Path) -> None:
     """Shards only at the end: nothing reaches disk on its own, only a stop's final flush saves rows."""
     config.write_text(

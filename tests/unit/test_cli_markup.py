@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pipeline_support import empty_summary
 from typer.testing import CliRunner
 
 from flows.cli.console import print_summary
@@ -42,19 +43,7 @@ def test_the_end_of_run_summary_prints_them_too(tmp_path: Path, capsys: pytest.C
     """At the end of `datagen run` the same error came after the report was written, outside every
     handler: a finished run exited 1 with a traceback, its summary unseen."""
     run_dir = _run_dir_with_reason(tmp_path, REASONS[0])
-    summary = {
-        "categories": [],
-        "rows": 0,
-        "rejects": 1,
-        "completion_tokens": 0,
-        "seconds": 1.0,
-        "output_tokens_per_s": 0.0,
-        "rows_per_s": 0.0,
-        "server_restarts": 0,
-        "resumed": False,
-        "part": None,
-        "local_dir": str(run_dir),
-    }
+    summary = empty_summary(str(run_dir), rejects=1)
     print_summary(summary, run_status(run_dir))
     printed = capsys.readouterr()
     assert "[/INST]" in printed.out + printed.err and "run [v2]/data" in printed.out + printed.err

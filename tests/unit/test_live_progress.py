@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pipeline_support import empty_summary
 from test_status import _run_dir
 from typer.testing import CliRunner
 
@@ -202,19 +203,7 @@ def test_the_summary_names_the_report_by_an_absolute_path_as_it_names_the_data(
 
     monkeypatch.chdir(tmp_path)
     RunStore(Path("output/demo")).open_run("fp", {})
-    summary = {
-        "categories": [],
-        "rows": 0,
-        "rejects": 0,
-        "completion_tokens": 0,
-        "seconds": 1.0,
-        "output_tokens_per_s": 0.0,
-        "rows_per_s": 0.0,
-        "server_restarts": 0,
-        "resumed": False,
-        "part": None,
-        "local_dir": "output/demo",
-    }
+    summary = empty_summary("output/demo")
     with console.capture() as shown:
         print_summary(summary, run_status(Path("output/demo")))
     assert f"Report: {tmp_path / 'output' / 'demo' / 'report.md'}" in shown.get().replace("\n", "")
