@@ -224,8 +224,9 @@ def write_config(
     path: Path, url: str, run_dir: Path, sources: Sources, setting: str, *, poll_s: float | None = None
 ) -> None:
     """A run config of the benchmark: ``setting`` is a fixed number in flight, ``adaptive``,
-    ``adaptive-unpaced`` (the same law admitting refills at once: the A/B of the pacer), or
-    ``adaptive-paceF`` (pacing at F times the limit's turnover instead of 1.1)."""
+    ``adaptive-unpaced`` (the same law admitting refills at once: the A/B of the pacer),
+    ``adaptive-paceF`` (pacing at F times the limit's turnover instead of 1.1), or
+    ``adaptive-targetT`` (``target_kv_usage = T``: the budget's peak moves with it)."""
     lines = [
         f'[run]\nname = "{run_dir.name}"\noutput_dir = "{run_dir.parent}"\n',
         f'[[endpoints]]\nurl = "{url}"\nstream = false\n',
@@ -238,8 +239,10 @@ def write_config(
         unpaced = "pace_admissions = false\n" if setting == "adaptive-unpaced" else ""
         factor = setting.removeprefix("adaptive-pace")
         paced = f"pace_factor = {float(factor)}\n" if setting.startswith("adaptive-pace") else ""
+        target = setting.removeprefix("adaptive-target")
+        targeted = f"target_kv_usage = {float(target)}\n" if setting.startswith("adaptive-target") else ""
         polled = f"poll_s = {poll_s}\n" if poll_s is not None else ""
-        lines.append(f"[concurrency]\n{polled}{unpaced}{paced}")
+        lines.append(f"[concurrency]\n{polled}{unpaced}{paced}{targeted}")
     for name, source, max_tokens in sources:
         lines.append(
             f'[[categories]]\nname = "{name}"\nsource = "{source}"\nformat = "messages"\n'

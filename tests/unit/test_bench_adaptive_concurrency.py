@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.adaptive_concurrency import StepCounters, step_counters
+from bench.adaptive_concurrency import StepCounters, step_counters, write_config
+from flows.config import load_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23"
 
@@ -28,3 +29,16 @@ def test_a_server_without_step_counters_has_none() -> None:
     document = json.loads((FIXTURES / "v1_loads_load.json").read_text())
     del document["loads"][0]["total_prefill_busy_us"]  # SGLang before 0.5.2x
     assert step_counters(document) is None
+
+
+def test_a_target_setting_runs_the_law_at_that_target(tmp_path: Path) -> None:
+    """``adaptive-target0.92`` is the law at ``target_kv_usage = 0.92``; ``adaptive`` keeps the default."""
+    source = tmp_path / "p.jsonl"
+    source.write_text("")
+    loaded = {}
+    for setting in ("adaptive-target0.92", "adaptive"):
+        path = tmp_path / f"{setting}.toml"
+        write_config(path, "http://127.0.0.1:1", tmp_path / "out" / setting, [("chat", source, 64)], setting)
+        loaded[setting] = load_config(path).concurrency
+    assert loaded["adaptive-target0.92"].adaptive and loaded["adaptive-target0.92"].target_kv_usage == 0.92
+    assert loaded["adaptive"].adaptive and loaded["adaptive"].target_kv_usage == 0.90
