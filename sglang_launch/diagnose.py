@@ -4,7 +4,8 @@ For ``datagen diagnose`` (a server is slow or did not start: what bounds it, wit
 what to change); the GPU findings beside it come from :mod:`sglang_launch.preflight`.
 
 What bounds a running server, read from its "Decode batch" lines (the median and the 5th-95th
-percentile range over lines with requests running, so warm-up and drain do not count):
+percentile range over lines with requests running, so warm-up does not count; the end-of-run drain,
+the lines after the last admission while the last requests finish, is left out):
 
 - ``kv_bound``: a long queue, token usage high, running below ``--max-running-requests``: new
   requests wait for KV room. More KV (memory fraction, fp8 KV) is what makes it faster.
@@ -16,7 +17,10 @@ percentile range over lines with requests running, so warm-up and drain do not c
 - ``reservation_bound``: a long queue, KV not full, prefill not saturated: SGLang admits a request
   only if its prompt plus its remaining ``max_tokens`` (scaled by ``new_token_ratio``) fits beside
   the running requests' reserved growth, so large ``max_tokens`` keep requests out of a half-empty pool.
-- ``starved``: no real queue and KV not full: the client does not send enough.
+- ``starved``: no real queue and KV not full: the client does not send enough; only said over at
+  least ``Thresholds.min_decode_s`` of decode lines, else ``too_short``.
+- ``too_short``: too little decode time to tell a starved server from a pause or the run's end (or
+  the log shows only the end-of-run drain).
 - ``healthy``: KV (or the running cap) used, with only a short queue.
 - ``failure``: the log shows a startup/runtime failure (see :mod:`sglang_launch.logparse`).
 - ``idle``: no decode batch with running requests in the log.
@@ -79,6 +83,8 @@ class LoadSummary:
     in_flight_peak: int
     running_cap: int | None
     pool_tokens: int | None
+    drain_lines: int
+    only_drain: bool
     retractions: int
     retracted_requests: int
     admitted: int
@@ -137,6 +143,8 @@ VERDICT_MEANINGS = {
     "starved": "The server has room and nothing waiting: the client does not send enough requests.",
     "healthy": "The KV cache (or the running cap) is in use and only a short queue waits: the server is "
     "as busy as its settings allow.",
+    "too_short": "The log covers too little of the time the client was sending to tell a server waiting "
+    "for work from one between bursts or finishing the run's last requests.",
     "failure": "The server stopped; the log line below says why.",
     "idle": "The log shows no generation work.",
 }
@@ -181,7 +189,7 @@ def diagnose(
             "idle", headline, _clean(evidence), advice, None, memory, (), findings, None, EXIT_FINDINGS
         )
     verdict = _verdict(load, thresholds)
-    headline = _headline(verdict, load, concurrency)
+    headline = _headline(verdict, load, concurrency, thresholds)
     headroom, advice = _advice(verdict, load, memory, log, concurrency, thresholds)
     evidence = (*_load_evidence(load), _http_evidence(log), _memory_evidence(memory), *gpu_lines)
     code = EXIT_OK if verdict == "healthy" else EXIT_FINDINGS
@@ -291,16 +299,20 @@ def recent(log: ServerLog, minutes: float) -> ServerLog:
 
 
 def summarize_load(log: ServerLog) -> LoadSummary | None:
-    """Numbers over the busy decode lines (``running > 0``) of the lowest reporting rank."""
+    """Numbers over the busy decode lines (``running > 0``) of the lowest reporting rank, less the
+    end-of-run drain (unless the drain is all there is)."""
     rank = reporting_rank(log.decode)
     mine = [d for d in log.decode if (d.at.dp_rank, d.at.tp_rank) == rank]
-    busy = [d for d in mine if d.running > 0]
-    if not busy:
+    every = [d for d in mine if d.running > 0]
+    if not every:
         return None
     retractions = [
         r for r in log.retractions if (r.at.dp_rank, r.at.tp_rank) == reporting_rank(log.retractions)
     ]
     prefill = [p for p in log.prefill if (p.at.dp_rank, p.at.tp_rank) == reporting_rank(log.prefill)]
+    drain = _drain(every, prefill)
+    only_drain = drain == len(every)
+    busy = every if only_drain else every[: len(every) - drain]
     usages = [d.token_usage for d in busy if d.token_usage is not None]
     rates = [d.gen_throughput for d in busy if d.gen_throughput is not None]
     per_request = [d.tokens / d.running for d in busy if d.tokens is not None]
@@ -320,6 +332,8 @@ def summarize_load(log: ServerLog) -> LoadSummary | None:
         in_flight_peak=max(d.running + d.queued for d in busy),
         running_cap=log.args.max_running_requests or (startup.max_running_requests if startup else None),
         pool_tokens=(startup.max_total_num_tokens or startup.kv_pool_tokens) if startup else None,
+        drain_lines=0 if only_drain else drain,
+        only_drain=only_drain,
         retractions=len(retractions),
         retracted_requests=sum(r.retracted for r in retractions),
         admitted=sum(p.new_seq for p in prefill),
@@ -329,12 +343,49 @@ def summarize_load(log: ServerLog) -> LoadSummary | None:
     )
 
 
+def _drain(busy: Sequence[DecodeBatch], prefill: Sequence[PrefillBatch]) -> int:
+    """How many of the last busy decode lines are the end-of-run drain: after the last admission
+    (``Prefill batch`` line), nothing waiting, the running requests finishing without replacement.
+
+    A fed server admits again soon; one whose client has stopped can only drain, which says nothing
+    about what bounded the run: over a long drain the median running count fell below the cap and the
+    empty queue read as a starved server. Without prefill lines admissions are unknown: no drain.
+    """
+    if not prefill:
+        return 0
+    last_admission = max(p.at.line_no for p in prefill)
+    after = 0
+    for line in reversed(busy):
+        if line.at.line_no < last_admission or line.queued:
+            break
+        after += 1
+    tail = busy[len(busy) - after :]
+    return after if tail and tail[-1].running < tail[0].running else 0
+
+
+def _shortfall(load: LoadSummary, t: Thresholds) -> str:
+    """What the judged decode lines lack to call a server starved, in the headline's words ("" when
+    they are enough)."""
+    if load.only_drain:
+        return "only the end-of-run drain"
+    span = load.last - load.first if load.first and load.last else None
+    before = " before the end-of-run drain" if load.drain_lines else ""
+    if load.lines < t.min_decode_lines:
+        over = f" over {_duration(span)}" if span is not None else ""
+        return f"{load.lines} decode lines{over}{before}"
+    if span is not None and span.total_seconds() < t.min_decode_s:
+        return f"{_duration(span)} of decode lines{before}"
+    return ""
+
+
 def _queue_long(load: LoadSummary, t: Thresholds) -> bool:
     """More waiting than the short "ready" queue a saturated server should keep."""
     return load.queued.median > max(2, t.short_queue * load.running.median)
 
 
 def _verdict(load: LoadSummary, t: Thresholds) -> str:
+    if load.only_drain:
+        return "too_short"
     queue_long = _queue_long(load, t)
     kv_full = load.usage is not None and load.usage.high >= t.high_usage
     at_cap = load.running_cap is not None and load.running.median >= t.near_cap * load.running_cap
@@ -344,7 +395,9 @@ def _verdict(load: LoadSummary, t: Thresholds) -> str:
     if at_cap and not kv_full:
         return "running_cap_bound"
     if not queue_long or at_cap:
-        return "healthy" if kv_full or at_cap else "starved"
+        if kv_full or at_cap:
+            return "healthy"
+        return "too_short" if _shortfall(load, t) else "starved"
     if kv_full:
         return "kv_bound"
     saturated = (
@@ -355,7 +408,7 @@ def _verdict(load: LoadSummary, t: Thresholds) -> str:
     return "prefill_bound" if saturated else "reservation_bound"
 
 
-def _headline(verdict: str, load: LoadSummary, concurrency: int | None) -> str:
+def _headline(verdict: str, load: LoadSummary, concurrency: int | None, t: Thresholds) -> str:
     running = _span(load.running.low, load.running.high)
     of = (
         f"of {concurrency} sent"
@@ -388,6 +441,8 @@ def _headline(verdict: str, load: LoadSummary, concurrency: int | None) -> str:
         "starved": f"Starved: {running} running {of}, {queued}, {usage}: the server waits for work",
         "healthy": f"Healthy: {running} running {of}, {queued}, {usage}",
     }
+    if verdict == "too_short":
+        return f"Too short a log to tell ({_shortfall(load, t)}); run it on a longer tail"
     return lines[verdict]
 
 
@@ -457,6 +512,12 @@ def _advice(
         ]
     elif verdict == "starved":
         advice = [_starved_advice(load, concurrency)]
+    elif verdict == "too_short":
+        advice = [
+            f"Run it on a longer tail: at least {t.min_decode_s:g} s of decode lines "
+            f"({t.min_decode_lines} or more) from while the client was sending, not only the end of the "
+            "run when the last requests finish (a larger --last-minutes, or more of the log)."
+        ]
     elif verdict == "healthy" and _queue_long(load, t):
         advice = [client]
     if refused := log.http_statuses.get(503):
@@ -547,6 +608,12 @@ def _starved_advice(load: LoadSummary, concurrency: int | None) -> str:
             f" The KV pool ({load.pool_tokens:,} tokens) is at most {load.usage.high:.0%} used: "
             f"~{free_tokens / load.tokens_per_request:.0f} more requests of ~{load.tokens_per_request:,.0f} "
             "tokens fit."
+        )
+    if load.running_cap is None:  # a tail cut after the startup lines
+        room += (
+            " The log does not show --max-running-requests (it begins after the startup lines): if it is "
+            f"{load.running.high:g}, the server runs at its cap, and raising the cap, not the client's "
+            "concurrency, is what helps."
         )
     if concurrency and load.in_flight_peak < 0.8 * concurrency:
         return (
@@ -669,6 +736,12 @@ def _load_evidence(load: LoadSummary) -> list[str]:
     cap = f" (cap --max-running-requests {load.running_cap})" if load.running_cap else ""
     lines = [
         f"{load.lines} decode log lines with requests running{span}, read from {load.reporter}",
+        f"the {load.lines} decode lines all come after the last admission: the end-of-run drain"
+        if load.only_drain
+        else "",
+        f"{load.drain_lines} decode lines after the last admission are the end-of-run drain, not counted"
+        if load.drain_lines
+        else "",
         f"running {_span(load.running.low, load.running.high)}, median {load.running.median:g}{cap}",
         f"queued {_span(load.queued.low, load.queued.high)}, median {load.queued.median:g}; "
         f"running + queued peak {load.in_flight_peak}",

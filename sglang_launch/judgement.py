@@ -22,6 +22,10 @@ class Thresholds:
     retraction_share: float = 0.10  # retracted / admitted requests at/above this: retraction-bound
     min_retractions: int = 3
     prefill_saturation: float = 0.9  # median prefill tokens / chunk size at/above this: prefill-bound
+    # An empty queue is only evidence of a starved server over a stretch of sending: a few seconds of
+    # decode lines (one per 40 decode steps) can be a pause between bursts or the run's last requests.
+    min_decode_s: float = 60.0
+    min_decode_lines: int = 10
     min_margin_bytes: int = 2 * GIB  # free memory to keep per GPU (activation peaks, CUDA graphs)
     balance: float = 0.9  # SGLang's TP check: refuse when min free < 0.9 x a rank's free
     unattributed_bytes: int = GIB  # memory used with no process listed, worth a mention

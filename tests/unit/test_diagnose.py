@@ -4,6 +4,7 @@ numbers, and on small synthetic logs for each bound; plus the command's output a
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,38 @@ def run(text: str, gpus: GpuSnapshot | None = None, **options: object) -> Diagno
     return diagnose(parse_log(text), gpus, **options)  # type: ignore[arg-type]
 
 
+POOL = 100_000
+START = datetime(2026, 1, 1, 10, 1, 10)
+
+
+def decode_line(at: datetime, running: int, queued: int, usage: float) -> str:
+    """One 0.5.x "Decode batch" line of a ``POOL``-token server."""
+    return (
+        f"[{at:%Y-%m-%d %H:%M:%S}] Decode batch, #running-req: {running}, #token: {round(usage * POOL)}, "
+        f"token usage: {usage:.2f}, cuda graph: True, gen throughput (token/s): 1500.00, #queue-req: {queued}"
+    )
+
+
+def prefill_line(at: datetime, tokens: int = 2000) -> str:
+    """One 0.5.x "Prefill batch" line admitting one request."""
+    return (
+        f"[{at:%Y-%m-%d %H:%M:%S}] Prefill batch, #new-seq: 1, #new-token: {tokens}, #cached-token: 0, "
+        "token usage: 0.50, #running-req: 1, #queue-req: 1, #pending-token: 0, cuda graph: False, "
+        "input throughput (token/s): 1000.00"
+    )
+
+
+def startup(cap: int = 64, chunk: int = 8192) -> list[str]:
+    """The server_args and capacity lines a whole log begins with."""
+    return [
+        "[2026-01-01 10:00:00] server_args={'mem_fraction_static': 0.88, 'tp_size': 1, "
+        f"'max_running_requests': {cap}, 'chunked_prefill_size': {chunk}, 'kv_cache_dtype': 'auto'}}",
+        f"[2026-01-01 10:00:01] max_total_num_tokens={POOL}, chunked_prefill_size={chunk}, "
+        f"max_prefill_tokens=16384, max_running_requests={cap}, context_len=32768, available_gpu_mem=9.00 GB",
+        "[2026-01-01 10:00:02] The server is fired up and ready to roll!",
+    ]
+
+
 def synthetic(
     rows: list[tuple[int, int, float]],
     *,
@@ -37,33 +70,19 @@ def synthetic(
     prefill_tokens: int = 2000,
     retractions: int = 0,
     admitted: int = 10,
+    step_s: int = 1,
 ) -> str:
-    """A 0.5.x log: startup capacity, then one decode line per (running, queued, usage) row."""
-    pool = 100_000
-    lines = [
-        "[2026-01-01 10:00:00] server_args={'mem_fraction_static': 0.88, 'tp_size': 1, "
-        f"'max_running_requests': {cap}, 'chunked_prefill_size': {chunk}, 'kv_cache_dtype': 'auto'}}",
-        f"[2026-01-01 10:00:01] max_total_num_tokens={pool}, chunked_prefill_size={chunk}, "
-        f"max_prefill_tokens=16384, max_running_requests={cap}, context_len=32768, available_gpu_mem=9.00 GB",
-        "[2026-01-01 10:00:02] The server is fired up and ready to roll!",
-    ]
+    """A 0.5.x log: startup capacity, admissions, then one decode line per (running, queued, usage)
+    row, ``step_s`` seconds apart."""
+    lines = startup(cap, chunk)
     for i in range(admitted):
-        lines.append(
-            f"[2026-01-01 10:00:03] Prefill batch, #new-seq: 1, #new-token: {prefill_tokens}, "
-            "#cached-token: 0, token usage: 0.50, #running-req: 1, #queue-req: 1, #pending-token: 0, "
-            "cuda graph: False, input throughput (token/s): 1000.00"
-        )
+        lines.append(prefill_line(datetime(2026, 1, 1, 10, 0, 3), prefill_tokens))
         if i < retractions:
             lines.append(
                 "[2026-01-01 10:00:03] KV cache pool is full. Retract requests. #retracted_reqs: 1, "
                 "#new_tokens_gained: 300, #new_token_ratio: 0.3000 -> 0.8000"
             )
-    for second, (running, queued, usage) in enumerate(rows, start=10):
-        lines.append(
-            f"[2026-01-01 10:01:{second:02d}] Decode batch, #running-req: {running}, "
-            f"#token: {round(usage * pool)}, token usage: {usage:.2f}, cuda graph: True, "
-            f"gen throughput (token/s): 1500.00, #queue-req: {queued}"
-        )
+    lines += [decode_line(START + timedelta(seconds=i * step_s), *row) for i, row in enumerate(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -120,8 +139,9 @@ def test_real_main_log_is_kv_bound() -> None:
     result = run((REAL / "server_main.log").read_text())
     assert result.verdict == "kv_bound"
     assert result.headline == (
-        "KV-bound: 3-10 running of ~64 in flight (running + queued, peak), 22 queued, token usage 0.33-0.95"
-    )
+        "KV-bound: 8-10 running of ~64 in flight (running + queued, peak), 30 queued, token usage 0.53-0.96"
+    )  # the 7 lines after the last admission (6 running falling to 2, none queued) are the drain
+    assert "7 decode lines after the last admission are the end-of-run drain, not counted" in result.evidence
     assert result.load is not None
     assert (result.load.retractions, result.load.admitted, result.load.running_cap) == (3, 72, 16)
     assert "--max-total-tokens 4,096 caps the KV pool" in result.advice[1]
@@ -182,16 +202,72 @@ def test_reservation_bound() -> None:
 
 
 def test_starved_server_and_a_client_that_does_not_deliver() -> None:
-    result = run(synthetic([(8, 0, 0.20)] * 10), concurrency=150)
+    starved = synthetic([(8, 0, 0.20)] * 10, step_s=10)  # 90 s of decode lines
+    result = run(starved, concurrency=150)
     assert result.verdict == "starved"
     assert (
         result.headline
         == "Starved: 8 running of 150 sent, 0 queued, token usage 0.20: the server waits for work"
     )
     assert result.advice[0].startswith("The client says 150 in flight but the server saw at most 8")
-    plain = run(synthetic([(8, 0, 0.20)] * 10))
+    plain = run(starved)
     assert plain.advice[0].startswith("Raise the client's concurrency")
     assert "~32 more requests of ~2,500 tokens fit" in plain.advice[0]
+
+
+def tail(text: str, stamp: str) -> str:
+    """``text`` from its first line stamped ``stamp`` on: the end of a log, as a person copies it."""
+    return text[text.index(f"[{stamp}]") :]
+
+
+def test_a_four_second_tail_is_too_short_to_call_the_server_starved() -> None:
+    """The last seconds of the queue-full run: 2 running = its cap, the queue emptying as the run ended
+    (and 503s): it said "Starved ... raise the client's concurrency"."""
+    result = run(tail((REAL / "server_queuefull.log").read_text(), "2026-11-29 14:09:45"))
+    assert (result.verdict, result.exit_code) == ("too_short", 1)
+    assert result.headline == "Too short a log to tell (3 s of decode lines); run it on a longer tail"
+    assert result.advice[0].startswith("Run it on a longer tail: at least 60 s of decode lines")
+    assert not any("concurrency:" in a for a in result.advice)
+
+
+def test_a_few_decode_lines_are_too_few_however_far_apart() -> None:
+    result = run(synthetic([(8, 0, 0.20)] * 5, step_s=30))
+    assert result.verdict == "too_short"
+    assert result.headline.startswith("Too short a log to tell (5 decode lines over 2 min 0 s)")
+
+
+def test_the_drain_at_the_end_of_a_run_is_not_starvation() -> None:
+    """--last-minutes on a finished run: 40 s at the cap with a short queue, then 80 s of the last
+    requests finishing. Over all lines the median fell below the cap and it said "Starved"."""
+    at = [START + timedelta(seconds=2 * i) for i in range(60)]
+    steady = [line for t in at[:20] for line in (decode_line(t, 16, 3, 0.50), prefill_line(t))]
+    drain = [decode_line(t, 16 - i * 16 // 40, 0, 0.40) for i, t in enumerate(at[20:])]
+    result = run("\n".join([*startup(cap=16), *steady, *drain]) + "\n")
+    assert result.verdict == "running_cap_bound"
+    assert result.load is not None and (result.load.lines, result.load.drain_lines) == (20, 40)
+    assert "40 decode lines after the last admission are the end-of-run drain, not counted" in " ".join(
+        result.evidence
+    )
+
+
+def test_a_log_of_nothing_but_the_drain_is_too_short_to_tell() -> None:
+    at = [START + timedelta(seconds=2 * i) for i in range(60)]
+    drain = [decode_line(t, 60 - i, 0, 0.40) for i, t in enumerate(at)]
+    result = run("\n".join([*startup(), prefill_line(START), *drain]) + "\n")
+    assert result.verdict == "too_short"
+    assert result.headline == "Too short a log to tell (only the end-of-run drain); run it on a longer tail"
+
+
+def test_a_starved_verdict_without_the_running_cap_says_the_cap_may_bind() -> None:
+    """A tail without the startup lines does not show --max-running-requests: a server flat at its cap
+    looks the same as one the client under-feeds."""
+    decode_only = "\n".join(
+        line for line in synthetic([(8, 0, 0.20)] * 10, step_s=10).splitlines() if "Decode" in line
+    )
+    result = run(decode_only)
+    assert result.verdict == "starved"
+    assert "does not show --max-running-requests" in result.advice[0]
+    assert "if it is 8" in result.advice[0]
 
 
 def test_healthy_server_with_a_short_ready_queue() -> None:
@@ -290,7 +366,7 @@ def test_diagnose_command_json_and_no_gpu(no_nvml: None) -> None:
     assert result.exit_code == 1
     doc = json.loads(result.output)
     assert doc["verdict"] == "kv_bound"
-    assert doc["load"]["running"] == {"low": 3, "median": 8, "high": 10}
+    assert doc["load"]["running"] == {"low": 8, "median": 8, "high": 10}
     assert "GPUs: no snapshot (no NVML here and no --gpu-csv)" in doc["evidence"]
 
 
@@ -333,7 +409,7 @@ def test_last_minutes_judges_only_the_end_of_a_long_log() -> None:
 
 def test_every_verdict_has_a_plain_words_meaning() -> None:
     verdicts = {"kv_bound", "retraction_bound", "running_cap_bound", "prefill_bound", "reservation_bound"}
-    assert set(VERDICT_MEANINGS) == verdicts | {"starved", "healthy", "failure", "idle"}
+    assert set(VERDICT_MEANINGS) == verdicts | {"starved", "healthy", "failure", "idle", "too_short"}
 
 
 def test_a_model_that_leaves_no_room_gets_no_fraction_above_the_cap() -> None:
