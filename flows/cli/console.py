@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -12,10 +11,11 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.table import Column, Table
 from rich.text import Text
 
+from flows.cli.live_view import BarWithRows, LiveLine, LiveRows
 from flows.report.live import run_progress
 from flows.report.status import RunStatus
 from flows.report.summary import report_name
@@ -47,15 +47,6 @@ FIRST_LINE_S = 10.0
 """Its first line comes this soon (or at ``every_s``, if sooner): a log says at once that the run lives."""
 
 
-@dataclass(frozen=True)
-class LiveLine:
-    """What a run shows of itself while it runs: prompts settled of the total, and the detail after."""
-
-    done: int
-    total: int | None
-    detail: str
-
-
 def live_line(session: RunSession) -> LiveLine:
     """The prompts this start settles, of the total the Prefect card shows (``run_progress``: a part's
     own share, conversion rejects included, exact once the source is read); rows, rejects, tok/s and
@@ -64,15 +55,12 @@ def live_line(session: RunSession) -> LiveLine:
     snap = session.snapshot()
     progress = run_progress(session, rows_per_s=0.0)
     rate = snap["completion_tokens"] / max(snap["elapsed_s"], 1e-9)
-    detail = f"{snap['rows']} rows · {snap['rejects']} rejects · {rate:,.0f} tok/s"
+    numbers = f"{snap['rows']} rows · {snap['rejects']} rejects · {rate:,.0f} tok/s"
     if progress.already_done:
-        detail += f" · {progress.already_done} done before"
-    for endpoint in snap["endpoints"]:
-        detail += " · " + endpoint_line(endpoint, several=len(snap["endpoints"]) > 1)
+        numbers += f" · {progress.already_done} done before"
     engine = session.pool.engine
-    if engine is not None and engine.starting is not None:
-        detail = f"{starting_line(engine.starting)} · {detail}"
-    return LiveLine(progress.done, progress.total, detail)
+    starting = None if engine is None or engine.starting is None else starting_line(engine.starting)
+    return LiveLine(progress.done, progress.total, numbers, starting, tuple(snap["endpoints"]))
 
 
 def starting_line(starting: Starting) -> str:
@@ -83,20 +71,20 @@ def starting_line(starting: Starting) -> str:
 
 
 class LiveProgress:
-    """The run's live line on a terminal (a rich progress bar fed by the session's reporter hook, no
-    per-request work) and its closing summary: the terminal ``RunDisplay``."""
+    """The run's live display on a terminal (a rich progress bar fed by the session's reporter hook, no
+    per-request work; the numbers and endpoints as rows under it, ``LiveRows``) and its closing
+    summary: the terminal ``RunDisplay``."""
 
     def __init__(self) -> None:
-        self.progress = Progress(
+        self.progress = BarWithRows(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=None, table_column=Column(max_width=40)),  # narrows before the text
             MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn(),
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task("prompts", total=None, detail="starting")
+        self.task = self.progress.add_task("prompts", total=None)
         self.drawn = False
         """The bar is drawn from its first update: a start refused before any (a locked run, a changed
         config) leaves its one error line, not a bar reading "starting" above it."""
@@ -110,7 +98,8 @@ class LiveProgress:
 
     def update(self, session: RunSession) -> None:
         line = live_line(session)
-        self.progress.update(self.task, completed=line.done, total=line.total, detail=line.detail)
+        self.progress.rows = LiveRows(line)
+        self.progress.update(self.task, completed=line.done, total=line.total)
         if not self.drawn:
             self.drawn = True
             self.progress.start()
@@ -166,20 +155,6 @@ class ProgressLines:
 def run_display(progress_every_s: float = PROGRESS_EVERY_S) -> LiveProgress | ProgressLines:
     """The live bar on a terminal; elsewhere (a file, a pipe) a progress line every ``progress_every_s``."""
     return LiveProgress() if console.is_interactive else ProgressLines(progress_every_s)
-
-
-def endpoint_line(endpoint: dict[str, Any], *, several: bool) -> str:
-    """``in flight/limit``, KV usage, server queue and busy share of an endpoint (its URL only when there
-    are several)."""
-    parts = [f"{endpoint['in_flight']}/{endpoint['limit']} in flight"]
-    if endpoint["kv_usage"] is not None:
-        parts.append(f"KV {endpoint['kv_usage']:.0%}")
-    if endpoint["queued"] is not None:
-        parts.append(f"queue {endpoint['queued']}")
-    if endpoint["busy"] is not None:
-        parts.append(f"busy {endpoint['busy']:.0%}")
-    line = ", ".join(parts)
-    return f"{endpoint['endpoint']}: {line}" if several else line
 
 
 def status_table(status: RunStatus) -> Table:

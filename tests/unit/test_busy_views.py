@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.cli.console import endpoint_line
+from flows.cli.live_view import endpoint_line
 from flows.report.summary import concurrency_markdown
 
 ENDPOINT_ROW = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -207,3 +208,76 @@ def test_the_summary_names_the_report_by_an_absolute_path_as_it_names_the_data(
     with console.capture() as shown:
         print_summary(summary, run_status(Path("output/demo")))
     assert f"Report: {tmp_path / 'output' / 'demo' / 'report.md'}" in shown.get().replace("\n", "")
+
+
+def _two_servers_session() -> Any:
+    """A run with two endpoints whose URLs are as long as a cluster's host names."""
+    session = _session(3000, exhausted=False, yielded=1234, rows=1200, rejects=34, before=0)
+    node = "http://gpu-node-{}.cluster.internal:30000"
+    endpoints = [
+        {
+            "endpoint": node.format("017"),
+            "limit": 96,
+            "in_flight": 93,
+            "kv_usage": 0.87,
+            "queued": 12,
+            "busy": 0.99,
+        },
+        {
+            "endpoint": node.format("018"),
+            "limit": 64,
+            "in_flight": 60,
+            "kv_usage": 0.55,
+            "queued": 0,
+            "busy": 0.71,
+        },
+    ]
+    session.snapshot = lambda: {
+        "rows": 1200,
+        "rejects": 34,
+        "completion_tokens": 987_654,
+        "elapsed_s": 321.0,
+        "endpoints": endpoints,
+    }
+    return session
+
+
+def _terminal(width: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The live display's last frame on a terminal ``width`` columns wide, line by line."""
+    from rich.console import Console
+
+    from flows.cli import console as cli_console
+
+    monkeypatch.setattr(cli_console, "console", Console(width=width, emoji=False))
+    with cli_console.console.capture() as frame:
+        display = cli_console.LiveProgress()
+        display.update(_two_servers_session())
+        display.stop()
+    return frame.get().splitlines()
+
+
+def test_the_terminal_display_fits_80_columns_with_every_label_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an 80-column terminal the one-line display was cut: "pr… 1200 rows · 34 rejects · 3,077 tok/s ·
+    http://gpu-node-017.cluster.interna…": no bar, no count, no elapsed time, one endpoint half named
+    and the other not at all."""
+    lines = _terminal(80, monkeypatch)
+    text = "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines) and "…" not in text
+    bar = lines[0].split()
+    assert (bar[0], bar[-2]) == ("prompts", "1234/3000") and re.fullmatch(r"\d+:\d\d:\d\d", bar[-1])
+    assert "1200 rows · 34 rejects · 3,077 tok/s" in text
+    for node, numbers in (("017", ["93/96", "87%", "12", "99%"]), ("018", ["60/64", "55%", "0", "71%"])):
+        row = next(line for line in lines if f"gpu-node-{node}" in line).split()
+        assert row == [f"http://gpu-node-{node}.cluster.internal:30000", *numbers]
+
+
+def test_a_narrow_terminal_drops_the_least_important_columns_and_wraps_the_labels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines = _terminal(44, monkeypatch)
+    text = "\n".join(lines)
+    assert all(len(line) <= 44 for line in lines) and "…" not in text
+    assert "busy" not in text and "99%" not in text  # the server's busy share goes first
+    assert "in flight" in text and "93/96" in text  # the controller's numbers stay
+    labels = "".join(line.split()[0] for line in lines)  # a wrapped label goes on in its column
+    assert "http://gpu-node-017.cluster.internal:30000" in labels
