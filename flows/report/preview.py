@@ -248,17 +248,16 @@ def _tokenizer_file(name: str) -> str:
 
 
 def load_measure(tokenizer: str | None) -> Measure:
-    """Token counts when a tokenizer can be loaded without new dependencies, else characters with a note.
+    """Token counts with Hugging Face's ``tokenizers`` (a dependency: only tokenizer.json is read, no
+    model library), else characters with a note.
 
-    A preview must work anywhere, so a missing package, an offline Hub or a bad path degrade to
-    characters and say so rather than failing.
+    A preview must work anywhere, so an offline Hub, an id not in the cache, a bad path or a file that
+    is no tokenizer degrade to characters and say so rather than failing.
     """
     if tokenizer is None:
         return CHARACTERS
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return Measure("characters", len, "the `tokenizers` package is not installed: lengths in characters")
+    from tokenizers import Tokenizer  # imported when asked for: the other commands do without
+
     try:
         loaded = Tokenizer.from_file(_tokenizer_file(tokenizer))
     except Exception as error:  # any load failure (missing, offline, corrupt) degrades the same way

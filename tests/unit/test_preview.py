@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import typer
@@ -239,24 +237,18 @@ def test_prompt_text_joins_the_first_request_and_skips_absent_tools() -> None:
 # --- tokenizer loading ----------------------------------------------------------------------------
 
 
-class _FakeTokenizer:
-    loaded: ClassVar[list[str]] = []
-
-    @classmethod
-    def from_file(cls, path: str) -> _FakeTokenizer:
-        cls.loaded.append(path)
-        return cls()
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> Any:
-        assert add_special_tokens is False
-        return types.SimpleNamespace(ids=text.split())
-
-
 @pytest.fixture
-def fake_tokenizers(monkeypatch: pytest.MonkeyPatch) -> type[_FakeTokenizer]:
-    _FakeTokenizer.loaded = []
-    monkeypatch.setitem(sys.modules, "tokenizers", types.SimpleNamespace(Tokenizer=_FakeTokenizer))
-    return _FakeTokenizer
+def word_tokenizer(tmp_path: Path) -> Path:
+    """A tokenizer.json saved in a folder of its own: a word-level tokenizer built here (one token per
+    word or punctuation run, ``[UNK]`` for a word it does not know), so nothing is downloaded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer" / "tokenizer.json"
+    path.parent.mkdir()
+    tokenizer.save(str(path))
+    return path
 
 
 def test_no_tokenizer_means_characters_without_a_note() -> None:
@@ -264,29 +256,16 @@ def test_no_tokenizer_means_characters_without_a_note() -> None:
     assert (measure.unit, measure.count("abc"), measure.note) == ("characters", 3, None)
 
 
-def test_without_the_tokenizers_package_lengths_fall_back_to_characters(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import raises ImportError
-    measure = load_measure(str(tmp_path / "tokenizer.json"))
-    assert measure.unit == "characters"
-    assert measure.note == "the `tokenizers` package is not installed: lengths in characters"
-
-
-def test_a_tokenizer_file_or_folder_gives_token_counts(
-    fake_tokenizers: type[_FakeTokenizer], tmp_path: Path
-) -> None:
-    (tmp_path / "tokenizer.json").write_text("{}")
-    for given in (str(tmp_path / "tokenizer.json"), str(tmp_path)):
+def test_a_tokenizer_file_or_folder_gives_token_counts(word_tokenizer: Path) -> None:
+    """`tokenizers` was no dependency: every --tokenizer fell back to characters ("the `tokenizers`
+    package is not installed")."""
+    for given in (str(word_tokenizer), str(word_tokenizer.parent)):
         measure = load_measure(given)
-        assert (measure.unit, measure.count("a b c")) == ("tokens", 3)
+        assert (measure.unit, measure.count("hello world, again")) == ("tokens", 4)
         assert measure.note == f"tokenizer: {given}"
-    assert fake_tokenizers.loaded == [str(tmp_path / "tokenizer.json")] * 2
 
 
-def test_a_missing_tokenizer_path_falls_back_with_the_reason(
-    fake_tokenizers: type[_FakeTokenizer], tmp_path: Path
-) -> None:
+def test_a_missing_tokenizer_path_falls_back_with_the_reason(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "tokenizer.json"
     measure = load_measure(str(missing))
     assert measure.unit == "characters"
@@ -295,19 +274,27 @@ def test_a_missing_tokenizer_path_falls_back_with_the_reason(
     )
 
 
+def test_a_file_that_is_no_tokenizer_falls_back_with_the_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{}")
+    measure = load_measure(str(broken))
+    assert (measure.unit, measure.count("hello world")) == ("characters", 11)
+    assert (measure.note or "").startswith(f"could not load tokenizer {str(broken)!r} (")
+    assert (measure.note or "").endswith("): lengths in characters")
+
+
 def test_a_hub_tokenizer_is_read_from_the_cache_only_when_offline(
-    fake_tokenizers: type[_FakeTokenizer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    word_tokenizer: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import huggingface_hub
 
     calls: list[tuple[str, str, bool]] = []
-    cached = tmp_path / "cached-tokenizer.json"
 
     def download(repo_id: str, filename: str, *, local_files_only: bool = False) -> str:
         calls.append((repo_id, filename, local_files_only))
         if local_files_only:
             raise FileNotFoundError("not in the local cache")
-        return str(cached)
+        return str(word_tokenizer)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -315,9 +302,34 @@ def test_a_hub_tokenizer_is_read_from_the_cache_only_when_offline(
     assert offline.unit == "characters" and "not in the local cache" in (offline.note or "")
     monkeypatch.delenv("HF_HUB_OFFLINE")
     online = load_measure("org/model")
-    assert online.unit == "tokens"
+    assert (online.unit, online.count("hello world")) == ("tokens", 2)
     assert calls == [("org/model", "tokenizer.json", True), ("org/model", "tokenizer.json", False)]
-    assert fake_tokenizers.loaded == [str(cached)]
+
+
+def test_a_hub_id_in_the_local_cache_counts_tokens_offline(
+    word_tokenizer: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Hub cache as a download leaves it (refs/main naming a snapshot), read by the real
+    huggingface_hub with HF_HUB_OFFLINE: an id that is there counts tokens, one that is not says why."""
+    import huggingface_hub.constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "tokenizer.json").write_bytes(word_tokenizer.read_bytes())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cached = load_measure("org/tiny")
+    assert (cached.unit, cached.count("hello world, again"), cached.note) == (
+        "tokens",
+        4,
+        "tokenizer: org/tiny",
+    )
+    absent = load_measure("org/absent")
+    assert absent.unit == "characters"
+    assert (absent.note or "").startswith("could not load tokenizer 'org/absent' (")
 
 
 # --- finding the category -------------------------------------------------------------------------
@@ -389,6 +401,18 @@ def test_preview_json_is_the_report(fixtures_dir: Path, tmp_path: Path) -> None:
     assert [e["id"] for e in document["examples"]] == [
         "71c49bf5cd0db36d29835440fa10f15c30bbc51daf323acd8f836e820720143b"
     ]
+
+
+def test_preview_counts_tokens_with_a_tokenizer_file(
+    fixtures_dir: Path, tmp_path: Path, word_tokenizer: Path
+) -> None:
+    config = _run_config(tmp_path, str(fixtures_dir / "prompts" / "ultrachat.jsonl"))
+    args = ["prompts", "preview", "mine", "--config", str(config), "-n", "0", "--json"]
+    result = CliRunner().invoke(_cli(), [*args, "--tokenizer", str(word_tokenizer)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["length_unit"] == "tokens" and f"tokenizer: {word_tokenizer}" in document["notes"]
+    assert 0 < document["lengths"]["max"] < 18996  # fewer tokens than the longest prompt's characters
 
 
 def test_preview_of_a_bundled_category() -> None:
