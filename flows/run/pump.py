@@ -106,7 +106,8 @@ RECOVERY_ROUNDS = 3
 retryable reject, the prompt's fault (a poison prompt), not the server's."""
 OUTAGE_ROUNDS = 3
 """Server outages (a death, a restart, an endpoint given up on) a prompt may be in flight at: then it
-is a retryable reject too. An outage is not the prompt's fault and spends none of its
+is a retryable reject too, once the run goes on (an outage that stops it counts for no prompt: each
+is left for the resume). An outage is not the prompt's fault and spends none of its
 ``RECOVERY_ROUNDS`` (two in a run, A dying and then B restarting, made a reject of the prompt's first
 failure after them), but a prompt that brings down every server it is sent to (a kernel fault on one
 input) would have the run restart servers for ever. Three, what it cost before outages were counted
@@ -183,7 +184,9 @@ async def _ask(
     time, not rows. If no endpoint answers for ``outage_s``, the run stops (FatalEndpointError)
     instead of turning every remaining prompt into a reject. A prompt that keeps failing on a
     healthy server, or that was in flight at ``OUTAGE_ROUNDS`` outages, ends as a retryable reject
-    (``Rounds``): whose fault a failure was is known once its endpoint's health is.
+    (``Rounds``): whose fault a failure was is known once its endpoint's health is, and an outage's
+    is counted only once the run goes on (an endpoint answers): a run that stops at it leaves the
+    prompt unanswered, as it does all the others it stops with.
     """
     task = asyncio.current_task()
     assert task is not None
@@ -209,14 +212,17 @@ async def _ask(
             # waited all of it there; with others, only failover_s, and may wait the rest for any one
             patience_left_at = time.monotonic() + patience.outage_s if others else -math.inf
             serving = await guard.recover(patience.failover_s if others else patience.outage_s)
-            if rounds.spent(outage=not serving or guard.outages != outages_before):
-                _reject_spent(record, sink, client, error, prompt_hash, rounds)
-                return
+            outage = not serving or guard.outages != outages_before
             if not serving:
-                # move the prompt to an endpoint that answers
+                # move the prompt to an endpoint that answers; none within the outage patience stops
+                # the run here, before its rounds are counted: a prompt its run gave up on with the
+                # server is unanswered (the resume asks it once), not a reject row to pay for
                 await limiter.release(held.pop(task), demand)
                 held[task] = await _another_lane(limiter, demand, patience_left_at, error, patience)
-            elif demand is not None:  # asked again from its start: the budget counts it as new
+            if rounds.spent(outage):
+                _reject_spent(record, sink, client, error, prompt_hash, rounds)
+                return
+            if serving and demand is not None:  # asked again from its start: the budget counts it as new
                 held[task].admit(demand, time.monotonic())
             sink.tally.recovered += 1
         except Exception as error:  # not the server's fault nor the prompt's: a bug in reading the answer

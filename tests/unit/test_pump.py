@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -566,21 +567,27 @@ class DyingServer(FakeClient):
 
 
 class Relauncher:
-    """The ``Engine`` of a server the run launched: ``ensure_running`` restarts it when it is down."""
+    """The ``Engine`` of a server the run launched: ``ensure_running`` restarts it when it is down,
+    ``restarts`` times; the start after those fails (as ``LaunchedEngine``'s does: it raises)."""
 
-    def __init__(self, server: DyingServer) -> None:
+    def __init__(self, server: DyingServer, restarts: float = math.inf) -> None:
         self.server = server
+        self.restarts = restarts
 
     def ensure_running(self) -> list[str]:
         if self.server.alive:
             return []
+        if not self.restarts:
+            raise RuntimeError("the server did not start")
+        self.restarts -= 1
         self.server.alive = True
         return ["restarted"]
 
 
-def _dying_lane(server: DyingServer, limit: int, *, relaunched: bool) -> Lane:
-    """A lane on ``server`` with a real guard: one the run restarts, or one gone once it dies."""
-    engine = Relauncher(server) if relaunched else None
+def _dying_lane(server: DyingServer, limit: int, *, relaunched: bool, restarts: float = math.inf) -> Lane:
+    """A lane on ``server`` with a real guard: one the run restarts (``restarts`` times), or one gone
+    once it dies."""
+    engine = Relauncher(server, restarts) if relaunched else None
     guard = EndpointGuard(server.endpoint, engine, poll_s=0.01, fresh_s=0)  # type: ignore[arg-type]
     guard.healthy = lambda: asyncio.sleep(0, server.alive)  # type: ignore[method-assign]
     return Lane(Endpoint(server, guard), GuardedLimit(FixedLimit(limit), guard.is_up))  # type: ignore[arg-type]
@@ -638,3 +645,45 @@ async def test_a_prompt_that_brings_the_server_down_each_time_is_rejected_after_
     assert sink.tally.rows == 5 and lane.endpoint.guard.restarts == 3
     (named,) = [r.getMessage() for r in caplog.records if "server outages" in r.getMessage()]
     assert "prompt p0 was in flight at 3 server outages" in named
+
+
+async def test_a_prompt_in_flight_at_the_outage_that_stops_the_run_is_left_to_the_resume_not_rejected(
+    tmp_path: Path,
+) -> None:
+    """A lone endpoint dies three times with the prompt in flight: restarted twice, its third start
+    fails and the run stops. The prompt failed with its server each time: not rejected (a reject
+    row to pay for and retry by hand), but left unanswered, and the resume asks it once."""
+    server = DyingServer("http://a", ["dies", "dies", "dies"])
+    lane = _dying_lane(server, limit=1, relaunched=True, restarts=2)
+    sink = _sink(tmp_path)
+    items = [_item(0, "ok")]
+    with pytest.raises(RunAborted, match="no endpoint has answered"):
+        await asyncio.wait_for(
+            pump_shard(
+                items,
+                limiter=Limiter([lane]),
+                category=CATEGORY,
+                sampling=SamplingParams(max_tokens=8),
+                sink=sink,
+            ),
+            10,
+        )
+    assert server.deaths == 3 and lane.endpoint.guard.restarts == 2  # in flight at all three
+    assert sink.rejects._rows == [] and sink.tally.rejects == 0 and sink.tally.rows == 0
+    sink.rows.flush(), sink.rejects.flush()
+
+    done = RunStore(tmp_path).category_state("c").done_ids
+    again = [item for item in items if item.record.id not in done]  # what the resume asks
+    back = DyingServer("http://a")
+    resumed = _sink(tmp_path)
+    await pump_shard(
+        again,
+        limiter=Limiter([_dying_lane(back, limit=1, relaunched=True)]),
+        category=CATEGORY,
+        sampling=SamplingParams(max_tokens=8),
+        sink=resumed,
+    )
+    resumed.rows.flush(), resumed.rejects.flush()
+    state = RunStore(tmp_path).category_state("c")
+    assert len(back.sent) == 1 and state.row_ids == {"p0"}
+    assert state.final_reject_ids == state.retryable_reject_ids == set()
