@@ -113,7 +113,7 @@ class EndpointGuard:
                         log.warning(
                             "server at %s restarted (%d attempt(s))", self.url, len(attempts), extra=SAY
                         )
-                if await self._mark_if_healthy():
+                if await self._mark_if_healthy(was_down=self.outages == seen_down):
                     self.recoveries += 1
                     return True
                 began = self.outages != seen_down  # the first failed check of this wait
@@ -175,7 +175,11 @@ class EndpointGuard:
         async with self._lock:
             await self._mark_if_healthy()
 
-    async def _mark_if_healthy(self) -> bool:
+    async def _mark_if_healthy(self, *, was_down: bool = True) -> bool:
+        """Back in service if its health check passes. ``was_down``: whether the endpoint was seen
+        down (a failed check, a restart, given up on); only then is its return said. A wait whose
+        first check passes was a request failing on a server that serves (a busy one): "answers
+        again" then told a person of an outage that no one saw."""
         if not await self.healthy():
             return False
         came_back = not self.up
@@ -183,7 +187,8 @@ class EndpointGuard:
             return False
         self.up, self.gone, self._last_ok = True, False, time.monotonic()
         if came_back:
-            log.warning("%s answers again", self.url, extra=SAY)
+            if was_down:
+                log.warning("%s answers again", self.url, extra=SAY)
             if self.on_up is not None:
                 await self.on_up()
         return True

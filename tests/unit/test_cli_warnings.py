@@ -66,6 +66,19 @@ async def test_a_server_that_answers_again_is_a_warning_line(capsys: pytest.Capt
         assert terminal() == [f"warning: {URL} answers again"]
 
 
+async def test_a_request_failing_on_an_endpoint_that_serves_says_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A request whose retries ran out on a busy server asks the guard, whose check passes at once:
+    the endpoint was never seen down, so "answers again" was news of an outage nobody heard of."""
+    with cli_logging(capsys) as terminal:
+        guard = EndpointGuard(URL, api_key=KEY)
+        guard.healthy = _answers(True)  # type: ignore[method-assign]
+        assert await guard.recover()
+        assert guard.up and guard.outages == 0
+        assert terminal() == []
+
+
 class _Restarts:
     """A launched server that died: the guard starts it again, in one attempt."""
 
