@@ -43,7 +43,6 @@ class EndpointGuard:
         *,
         patience_s: float = 1800.0,
         poll_s: float = 2.0,
-        fresh_s: float = 1.0,
         ca_bundle: str | None = None,
         api_key: str | None = None,
     ) -> None:
@@ -54,7 +53,6 @@ class EndpointGuard:
         self.engine = engine
         self.patience_s = patience_s
         self.poll_s = poll_s
-        self.fresh_s = fresh_s
         self.up = True
         self.gone = False
         self.recoveries = 0
@@ -67,7 +65,8 @@ class EndpointGuard:
         self.admit: Callable[[], Awaitable[bool]] | None = None
         """Asked once the endpoint answers its health check again, before it takes a request: False
         keeps it out (a server back with another model than the run's)."""
-        self._last_ok = 0.0
+        self._passed_at = -math.inf
+        """When the last health check that passed began (``time.monotonic``)."""
         self._last_gone_check = -math.inf
         self._lock = asyncio.Lock()
         self._serving: set[asyncio.Task[object]] = set()
@@ -84,9 +83,17 @@ class EndpointGuard:
         return await is_healthy_async(self.url, api_key=self._api_key, ca_bundle=self.ca_bundle)
 
     async def recover(self, patience_s: float | None = None) -> bool:
-        """True once the endpoint serves again; False after ``patience_s`` (default: the guard's)."""
+        """True once the endpoint serves again; False after ``patience_s`` (default: the guard's).
+
+        A caller that asked before the last passing health check began is answered by it: the
+        requests one outage failed wait on the lock for one check. One that asked after it began
+        gets a check of its own, its failure being newer news. Answered by any check of the last
+        second before, a request on a server that died again right after coming back was told it
+        serves: its failures counted as its prompt's, three a reject, while the run stopped on
+        the dead server."""
+        asked = time.monotonic()
         async with self._lock:
-            if self.up and time.monotonic() - self._last_ok < self.fresh_s:
+            if self.up and asked < self._passed_at:
                 return True
             if self.gone:
                 # one health check a poll for all the requests still on it: each checked in turn
@@ -180,12 +187,13 @@ class EndpointGuard:
         down (a failed check, a restart, given up on); only then is its return said. A wait whose
         first check passes was a request failing on a server that serves (a busy one): "answers
         again" then told a person of an outage that no one saw."""
+        began = time.monotonic()
         if not await self.healthy():
             return False
         came_back = not self.up
         if came_back and self.admit is not None and not await self.admit():
             return False
-        self.up, self.gone, self._last_ok = True, False, time.monotonic()
+        self.up, self.gone, self._passed_at = True, False, began
         if came_back:
             if was_down:
                 log.warning("%s answers again", self.url, extra=SAY)

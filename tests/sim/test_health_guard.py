@@ -44,7 +44,7 @@ async def test_guard_restarts_a_launched_engine_once_for_all_waiters() -> None:
 
     engine = FakeEngine()
     with simulator_in_thread(SimConfig(max_total_tokens=4096, context_length=1024)) as sim:
-        guard = EndpointGuard(sim.url, engine, patience_s=5, poll_s=0.05, fresh_s=10)  # type: ignore[arg-type]
+        guard = EndpointGuard(sim.url, engine, patience_s=5, poll_s=0.05)  # type: ignore[arg-type]
         results = await asyncio.gather(*(guard.recover() for _ in range(20)))
     assert results == [True] * 20
     assert engine.calls == 1 and guard.restarts == 1
@@ -129,7 +129,7 @@ async def test_the_guard_counts_an_outage_once_a_wait_and_never_for_a_server_tha
     import asyncio
 
     serving = [True]
-    guard = EndpointGuard("http://127.0.0.1:1", patience_s=0.05, poll_s=0.01, fresh_s=0)
+    guard = EndpointGuard("http://127.0.0.1:1", patience_s=0.05, poll_s=0.01)
 
     async def healthy() -> bool:
         return serving[0]
@@ -146,7 +146,7 @@ async def test_the_guard_counts_an_outage_once_a_wait_and_never_for_a_server_tha
     assert await guard.recover() is False and guard.outages == 2  # asked again: the same outage
 
     engine = FakeEngine()  # restarted once for all its waiters, healthy at the first check after
-    restarted = EndpointGuard("http://127.0.0.1:1", engine, poll_s=0.01, fresh_s=10)  # type: ignore[arg-type]
+    restarted = EndpointGuard("http://127.0.0.1:1", engine, poll_s=0.01)  # type: ignore[arg-type]
     restarted.healthy = lambda: asyncio.sleep(0, True)  # type: ignore[method-assign]
     assert await asyncio.gather(*(restarted.recover() for _ in range(5))) == [True] * 5
     assert restarted.restarts == 1 and restarted.outages == 1

@@ -588,7 +588,7 @@ def _dying_lane(server: DyingServer, limit: int, *, relaunched: bool, restarts: 
     """A lane on ``server`` with a real guard: one the run restarts (``restarts`` times), or one gone
     once it dies."""
     engine = Relauncher(server, restarts) if relaunched else None
-    guard = EndpointGuard(server.endpoint, engine, poll_s=0.01, fresh_s=0)  # type: ignore[arg-type]
+    guard = EndpointGuard(server.endpoint, engine, poll_s=0.01)  # type: ignore[arg-type]
     guard.healthy = lambda: asyncio.sleep(0, server.alive)  # type: ignore[method-assign]
     return Lane(Endpoint(server, guard), GuardedLimit(FixedLimit(limit), guard.is_up))  # type: ignore[arg-type]
 
@@ -687,3 +687,29 @@ async def test_a_prompt_in_flight_at_the_outage_that_stops_the_run_is_left_to_th
     state = RunStore(tmp_path).category_state("c")
     assert len(back.sent) == 1 and state.row_ids == {"p0"}
     assert state.final_reject_ids == state.retryable_reject_ids == set()
+
+
+async def test_a_lone_server_dying_again_right_after_its_restart_leaves_its_prompt_for_the_resume(
+    tmp_path: Path,
+) -> None:
+    """Restarted once, the server dies again with the re-sent prompt in flight, and does not start
+    again. The guard had answered "it serves" to any request within a second of its last passing
+    check, later failures included: the prompt's failures on the dead server counted as its own,
+    three of them a reject, as the run stopped on that server."""
+    server = DyingServer("http://a", ["dies", "dies"])
+    lane = _dying_lane(server, limit=1, relaunched=True, restarts=1)
+    guard = lane.endpoint.guard
+    sink = _sink(tmp_path)
+    with pytest.raises(RunAborted, match="no endpoint has answered"):
+        await asyncio.wait_for(
+            pump_shard(
+                [_item(0, "ok")],
+                limiter=Limiter([lane]),
+                category=CATEGORY,
+                sampling=SamplingParams(max_tokens=8),
+                sink=sink,
+            ),
+            10,
+        )
+    assert server.deaths == 2 and guard.restarts == 1
+    assert sink.rejects._rows == [] and sink.tally.rows == 0
