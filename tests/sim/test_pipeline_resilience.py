@@ -337,3 +337,48 @@ async def test_a_slow_endpoint_does_not_hold_the_other_endpoints_prompts_hostage
     check = check_run(tmp_path / "slow")
     assert len(check.row_ids) == 300 and check.reject_ids == [] and check.duplicates == 0
     assert status.rows == 300
+
+
+def test_prompts_in_flight_when_a_lone_server_dies_a_third_time_for_good_are_asked_again_once(
+    tmp_path: Path,
+) -> None:
+    """A lone server restarts twice with every prompt in flight and then dies for good: the run stops
+    (exit 3). Its prompts were in flight at three outages, none of them their fault: no reject (each
+    a row to pay for, and a duplicate of the row the resume makes), and the same command asks each
+    of them once."""
+    prompts = 40
+    source = tmp_path / "prompts.jsonl"
+    write_prompts(source, prompts)
+    # answers that take seconds (64 decode steps of 0.1 s, none stopping early): every prompt is in
+    # flight, holding its slot, through each restart and back
+    slow = SimConfig(**{**FAST, "time_scale": 1.0}, decode_base_s=0.1, stop_probability=0.0)
+    with SimulatorProcess(slow) as sim:
+        config = write_config(
+            tmp_path / "run.toml", name="thrice", output_dir=tmp_path, url=sim.url, source=source
+        )
+        config.write_text(
+            config.read_text().replace("max_wait_s = 0.5", "max_wait_s = 0.5\noutage_patience_s = 3")
+        )
+        proc = datagen("run", str(config), "--no-prefect")
+
+        def all_running() -> None:
+            deadline = time.monotonic() + 60
+            while sim.stats()["running"] < prompts:
+                assert proc.poll() is None and time.monotonic() < deadline, "the prompts were not all sent"
+                time.sleep(0.05)
+
+        for _ in range(2):
+            all_running()
+            sim.restart(4.0)  # longer than the client's retries: each prompt waits for the server
+        all_running()
+        sim.kill()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 3, out.decode()[-2000:]
+        stopped = check_run(tmp_path / "thrice")
+        assert stopped.row_ids == [] and stopped.reject_ids == [], stopped.reject_reasons
+        sim.start()  # the server is back (same port): the same command asks each prompt once
+        again = datagen("run", str(config), "--no-prefect")
+        assert again.wait(timeout=120) == 0
+        assert sim.stats()["requests_received"] == prompts
+    final = check_run(tmp_path / "thrice")
+    assert len(final.row_ids) == prompts and final.duplicates == 0 and final.reject_ids == []
