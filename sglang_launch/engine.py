@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from flows.say import SAY
 from sglang_launch.launcher import LaunchAttempt, ServerHandle, launch_with_ladder
 from sglang_launch.server_config import ServerConfig
 
@@ -90,7 +91,10 @@ class LaunchedEngine:
                     self._handle, attempts = launch_with_ladder(self._cfg, self._attempting)
                 else:
                     logger.warning(
-                        "server pid %d at %s died; restarting it", self._handle.pid, self._handle.url
+                        "server pid %d at %s died; restarting it",
+                        self._handle.pid,
+                        self._handle.url,
+                        extra=SAY,
                     )
                     attempts = self._handle.restart()
             finally:

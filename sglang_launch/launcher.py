@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from flows.say import SAY
 from sglang_launch.argv import REDACTED, build_argv, build_env, redact_argv, secret_values, shown_env
 from sglang_launch.logparse import ServerLog, StartupFailure, parse_log
 from sglang_launch.ports import free_port
@@ -174,7 +175,7 @@ def stop_group(pgid: int, grace_s: float, leader_running: Callable[[], bool] = l
     _signal_group(pgid, signal.SIGTERM)
     if _wait_gone(pgid, leader_running, grace_s):
         return True
-    logger.warning("server pid %d ignored SIGTERM for %.0fs; sending SIGKILL", pgid, grace_s)
+    logger.warning("server pid %d ignored SIGTERM for %.0fs; sending SIGKILL", pgid, grace_s, extra=SAY)
     _signal_group(pgid, signal.SIGKILL)
     if _wait_gone(pgid, leader_running, _KILL_WAIT_S):
         return True
@@ -182,6 +183,7 @@ def stop_group(pgid: int, grace_s: float, leader_running: Callable[[], bool] = l
         "server pid %d did not exit even after SIGKILL (stuck in the kernel); it may still hold GPU memory: "
         "`datagen preflight` shows what does",
         pgid,
+        extra=SAY,
     )
     return False
 
@@ -199,6 +201,7 @@ def stop_orphans(log_dir: Path, grace_s: float) -> None:
                 "stopping the SGLang server pid %d that a killed run left on port %d",
                 record.server.pid,
                 record.port,
+                extra=SAY,
             )
             if not stop_group(record.pgid, grace_s):
                 continue

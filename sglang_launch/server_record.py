@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from flows.say import SAY
 from sglang_launch.procfs import PROC, proc_stat
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,11 @@ def record_server(
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
         logger.warning(
-            "cannot record server pid %d in %s (%s): a kill -9 of this run would leave it", pid, path, error
+            "cannot record server pid %d in %s (%s): a kill -9 of this run would leave it",
+            pid,
+            path,
+            error,
+            extra=SAY,
         )
         return None
     return path

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from flows.cli.console import fail
+from flows.cli.console import fail, setup_logging
 from sglang_launch.launcher import LaunchAttempt, StartupFailed, launch_with_ladder
 from sglang_launch.server_config import SERVER_LOGS, EngineKind, EnvPreset, ParserPreset, ServerConfig
 
@@ -114,6 +114,7 @@ def launch(
     check: Annotated[bool, typer.Option("--check", help="Stop as soon as it serves (smoke test).")] = False,
 ) -> None:
     """Start the server, retrying down the mem-fraction ladder on memory failures; serve until Ctrl-C."""
+    setup_logging(verbose=False)  # what the launcher says to the person: `warning:` lines (flows.say)
     flags = {
         k: v
         for k, v in locals().items()

@@ -466,6 +466,30 @@ def test_cli_check_starts_reports_and_stops(fake_cfg: ServerConfig, tmp_path: Pa
     assert signal.getsignal(signal.SIGTERM) is sigterm_before
 
 
+def test_cli_says_the_launchers_warnings_as_warning_lines(fake_cfg: ServerConfig, tmp_path: Path) -> None:
+    """`datagen launch` shows what the launcher tells the person (here a server that ignored
+    SIGTERM when stopped) as the CLI's other warnings: a `warning:` line, not a bare log message."""
+    env = with_env(fake_cfg, FAKE_IGNORE_TERM="1").env
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[server]\npython = "{fake_cfg.python}"\nmodel_path = "/models/fake"\nhealth_poll_s = 0.05\n'
+        f'stop_grace_s = 1\nlog_dir = "{fake_cfg.log_dir}"\n[server.env]\n'
+        + "".join(f'{name} = "{value}"\n' for name, value in env.items())
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "launch", "--config", str(config), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (pid,) = [
+        int(line.split("(pid ")[1].split(",")[0]) for line in done.stdout.splitlines() if "(pid " in line
+    ]
+    said = f"warning: server pid {pid} ignored SIGTERM for 1s; sending SIGKILL"
+    assert said in done.stderr.splitlines(), done.stderr
+
+
 def test_cli_refuses_invalid_settings(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["--hicache-size-gb", "8", "--log-dir", str(tmp_path)])
     assert result.exit_code == 2
