@@ -68,6 +68,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
     from flows.orchestration.link import PrefectUnavailable
     from flows.run.pipeline import SourceError
     from flows.run.pump import RunAborted
+    from flows.run.served import NoEndpointAnswers
     from sglang_launch.launcher import CannotLaunch, StartupFailed
 
     try:
@@ -93,12 +94,12 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"cannot launch the server: {error}")
     except RunAborted as error:
         fail(f"the run stopped: {error}. Rows finished so far are saved; fix it and rerun to resume.", 3)
-    except PrefectUnavailable as error:
+    except (PrefectUnavailable, NoEndpointAnswers) as error:
         fail(str(error), 3)
     except StoreWriteFailed as error:
         remedy = "free some space" if error.disk_full else "fix it"
         fail(f"{error}. Rows written so far are saved; {remedy} and run the same command again to resume.", 5)
-    except RequestError as error:  # before any prompt: the endpoint is unreachable or misconfigured
+    except RequestError as error:  # before any prompt: the endpoint refuses the run (misconfigured)
         refused_key = error.status in (401, 403)
         fail(f"cannot use the endpoint: {error}" + (KEY_HINT if refused_key else ""), 3)
     except (KeyboardInterrupt, _Terminated):

@@ -62,9 +62,15 @@ async def listing(endpoint: Endpoint) -> Listing:
         return Listing(endpoint)
 
 
+class NoEndpointAnswers(RuntimeError):
+    """No endpoint answered within ``outage_patience_s`` of the start: nothing was sent. Not a
+    ``RequestError``: no request failed, and its count of the looks at the endpoints ("(attempt 2)")
+    read as if one had been retried; the message says which endpoints, how long and what to check."""
+
+
 async def first_answers(endpoints: list[Endpoint], patience_s: float) -> list[Listing]:
     """Every endpoint's listing, once at least one answers: waited for up to ``patience_s`` while none
-    does (said at once, in one warning), then the last reason none answered is raised."""
+    does (said at once, in one warning), then ``NoEndpointAnswers`` with the last reasons."""
     deadline = time.monotonic() + patience_s
     listings = await asyncio.gather(*(listing(e) for e in endpoints))
     if any(entry.down is None for entry in listings):
@@ -76,17 +82,18 @@ async def first_answers(endpoints: list[Endpoint], patience_s: float) -> list[Li
         "it" if len(endpoints) == 1 else "one of them",
         extra=SAY,
     )
-    tries = 1
     while time.monotonic() < deadline:
         await asyncio.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
         listings = await asyncio.gather(*(listing(e) for e in endpoints))
-        tries += 1
         if any(entry.down is None for entry in listings):
             return listings
-    raise TransientRequestError(
-        f"{'no endpoint has' if len(endpoints) > 1 else 'the endpoint has not'} answered for "
-        f"{patience_s:.0f} s: {'; '.join(not_answering(entry) for entry in listings)}",
-        attempts=tries,
+    one = len(endpoints) == 1
+    raise NoEndpointAnswers(
+        f"cannot use the endpoint{'' if one else 's'}: no answer{'' if one else ' from any'} in "
+        f"{patience_s:.0f} s ([retry] outage_patience_s): {'; '.join(not_answering(e) for e in listings)}. "
+        f"Check that {'its server is' if one else 'their servers are'} running and reachable from this "
+        f"machine at {'that URL' if one else 'those URLs'}; nothing was sent, and the same command starts "
+        f"the run once {'it' if one else 'one'} answers"
     )
 
 
