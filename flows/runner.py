@@ -13,6 +13,7 @@ import shutil
 import signal
 import tomllib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -76,6 +77,10 @@ class RunDisplay(Protocol):
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None: ...
 
+    def waiting(self, what: str) -> AbstractContextManager[object]:
+        """``what`` the run waits for before it starts (Prefect's temporary server), shown meanwhile."""
+        ...
+
 
 async def execute(
     config: RunConfig,
@@ -97,7 +102,9 @@ async def execute(
             + "): fix the category's `source`, or remove the category; nothing was sent"
         )
     with RunLock(config.run_dir, part):  # one orchestrator per run directory (and part), refused at once
-        link: PrefectLink | None = await open_link() if use_prefect else None
+        link: PrefectLink | None = None
+        if use_prefect:
+            link = await open_link(None if display is None else display.waiting)
         return await _run_session(config, link, force=force, display=display, part=part)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -107,6 +109,10 @@ class LiveProgress:
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)
 
+    def waiting(self, what: str) -> AbstractContextManager[object]:
+        """A spinner beside ``what`` while it lasts, gone after (the bar comes next, or the error)."""
+        return console.status(Text(what))
+
 
 class ProgressLines:
     """The live line as a plain, timestamped line every ``every_s`` and one at the end: the
@@ -143,6 +149,11 @@ class ProgressLines:
 
     def summary(self, summary: dict[str, Any], status: RunStatus) -> None:
         print_summary(summary, status)
+
+    def waiting(self, what: str) -> AbstractContextManager[object]:
+        """``what``, one line when it begins: no spinner where there is no terminal."""
+        console.print(Text(what))
+        return contextlib.nullcontext()
 
     def _say(self, now: float) -> None:
         line = self.said = self.last or LiveLine(0, None, "starting")

@@ -16,10 +16,12 @@ Three failures seen in the field, and what each does here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
 from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +47,12 @@ HOW_TO_RUN_WITHOUT = (
     "run with --no-prefect, or start a server (`uv run prefect server start`) and set "
     f"PREFECT_API_URL=http://127.0.0.1:4200/api, or raise {STARTUP_TIMEOUT_ENV}"
 )
+
+
+STARTING_TEMPORARY_SERVER = "starting a temporary Prefect server (set PREFECT_API_URL to use your own)…"
+
+Waiting = Callable[[str], AbstractContextManager[object]]
+"""Shows a person what the run waits for, for as long as it waits (the CLI's spinner or line)."""
 
 
 class PrefectUnavailable(RuntimeError):
@@ -190,9 +198,11 @@ class PrefectLink:
                     self.lost("no answer to /health")
 
 
-async def open_link() -> PrefectLink | None:
+async def open_link(waiting: Waiting | None = None) -> PrefectLink | None:
     """Prepare Prefect for a run: a link to use it, or None to run without it (already said why).
 
+    The temporary server's start is shown through ``waiting``: about 20 s on 2 busy cores (Prefect's
+    server imported, its database migrated) in which the terminal showed nothing, as if hung.
     Raises ``PrefectUnavailable`` when the temporary server does not start.
     """
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
@@ -214,9 +224,10 @@ async def open_link() -> PrefectLink | None:
         except Exception:
             log.warning("could not create the automation that marks dead flow runs Crashed", exc_info=True)
         return PrefectLink(configured)
-    from flows.orchestration.temporary_server import start_in_lasting_thread
+    with contextlib.nullcontext() if waiting is None else waiting(STARTING_TEMPORARY_SERVER):
+        from flows.orchestration.temporary_server import start_in_lasting_thread
 
-    await start_in_lasting_thread(start_ephemeral)
+        await start_in_lasting_thread(start_ephemeral)
     from prefect.server.api.server import SubprocessASGIServer
 
     return PrefectLink(SubprocessASGIServer().api_url)

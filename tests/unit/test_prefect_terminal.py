@@ -1,0 +1,91 @@
+"""What `datagen run` shows of Prefect on its terminal."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from pipeline_support import write_config
+from rich.console import Console
+from typer.testing import CliRunner
+
+from flows.cli import console as console_module
+from flows.cli.main import app
+from flows.orchestration import link as prefect_link
+from flows.orchestration.link import STARTING_TEMPORARY_SERVER, PrefectUnavailable
+from sglang_launch.ports import free_port
+
+
+def _config(tmp_path: Path) -> Path:
+    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: nothing is asked before Prefect is ready
+    return write_config(
+        tmp_path / "run.toml", name="r", output_dir=tmp_path, url=url, source=tmp_path / "p.jsonl"
+    )
+
+
+def test_starting_the_temporary_server_is_said_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No PREFECT_API_URL: the temporary server took about 20 s on 2 cores, and the terminal showed
+    nothing until the progress line came: the run looked hung. Into a file (no terminal) it is one
+    plain line, said before the server is started; here the start fails at once."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    started: list[bool] = []
+
+    def refuse() -> None:
+        started.append(True)
+        raise PrefectUnavailable("the temporary server did not start")
+
+    monkeypatch.setattr(prefect_link, "start_ephemeral", refuse)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        result = CliRunner().invoke(app, ["run", str(_config(tmp_path))])
+    assert started and result.exit_code == 3, result.output
+    assert result.output.splitlines() == [
+        STARTING_TEMPORARY_SERVER,
+        "error: the temporary server did not start",
+    ]
+
+
+async def test_a_configured_api_starts_no_server_and_says_nothing_of_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PREFECT_API_URL (here one that does not answer: the run goes on without Prefect) starts no
+    temporary server, so nothing is said of one."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    shown: list[str] = []
+
+    def never() -> None:
+        raise AssertionError("no temporary server with a PREFECT_API_URL")
+
+    monkeypatch.setattr(prefect_link, "start_ephemeral", never)
+    monkeypatch.setattr(prefect_link, "tell", lambda text: None)
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
+        assert await prefect_link.open_link(lambda what: _Shown(shown, what)) is None
+    assert shown == []
+
+
+class _Shown:
+    """A display's ``waiting``: records what it was asked to show."""
+
+    def __init__(self, shown: list[str], what: str) -> None:
+        shown.append(what)
+
+    def __enter__(self) -> None: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def test_on_a_terminal_the_start_is_a_spinner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the same words, as a status beside a spinner, until the server answers."""
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, force_interactive=True, width=120)
+    monkeypatch.setattr(console_module, "console", terminal)
+    display = console_module.run_display()
+    assert isinstance(display, console_module.LiveProgress)
+    with display.waiting(STARTING_TEMPORARY_SERVER):
+        pass
+    assert STARTING_TEMPORARY_SERVER in screen.getvalue()
