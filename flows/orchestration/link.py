@@ -83,9 +83,9 @@ def start_ephemeral(new_server: Callable[[], _Server] | None = None, attempts: i
     started a server Prefect's client no longer knew (its API URL ended in ``:None``, and Prefect
     started another, in the run's process group).
     """
-    if new_server is None:
-        from flows.orchestration.temporary_server import TemporaryServer
+    from flows.orchestration.temporary_server import TemporaryServer, server_log
 
+    if new_server is None:
         new_server = TemporaryServer
     problem = ""
     for _ in range(attempts):
@@ -99,7 +99,7 @@ def start_ephemeral(new_server: Callable[[], _Server] | None = None, attempts: i
     timeout = os.environ.get(STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S)
     raise PrefectUnavailable(
         f"Prefect's temporary API server did not start ({attempts} tries, {timeout} s each; "
-        f"{problem or 'no reason given'}): {HOW_TO_RUN_WITHOUT}"
+        f"{problem or 'no reason given'}; its output: {server_log()}): {HOW_TO_RUN_WITHOUT}"
     )
 
 

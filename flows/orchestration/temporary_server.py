@@ -10,6 +10,14 @@ are recorded, Prefect's logs and events drained, then the server stopped (Prefec
 Out of the group, the server no longer died with it (``kill -9`` of the group, the terminal
 closing): on Linux it is asked to stop (SIGTERM) when the thread that started it ends, and that
 thread lives as long as the process (``start_in_lasting_thread``).
+
+Its output is not the run's either: Prefect's child wrote its own log records (Prefect's format, at
+the run's level) to the run's terminal, past the CLI's log handler and its filter, which see only the
+run's process. On the resume after a crashed run it printed "Action failed: 'Failed to set state: Run
+is already in terminal state CRASHED.'": an automation (datagen's, which marks dead flow runs Crashed,
+is in the database the temporary server shares with a ``prefect server start`` of the same home)
+acting on a flow run the resume had marked Crashed already. Such a failure stays in the API as an
+event; the server's output goes to ``server_log()``, beside that database.
 """
 
 from __future__ import annotations
@@ -24,13 +32,21 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect.server.api import server as prefect_server
+from prefect.settings import PREFECT_HOME
 
 T = TypeVar("T")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+SERVER_LOG = "temporary-server.log"
+
+
+def server_log() -> Path:
+    """Where the temporary server writes: a file in Prefect's home, appended to by each start."""
+    return Path(PREFECT_HOME.value()) / SERVER_LOG
 
 
 def _stop_with_parent() -> Callable[[], None] | None:
@@ -45,14 +61,24 @@ def _stop_with_parent() -> Callable[[], None] | None:
     return set_death_signal
 
 
+_in_own_session = functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=_stop_with_parent())
+"""``subprocess.Popen`` of a child in a session of its own, stopped with its parent thread."""
+
+
 class _Subprocess:
     """``subprocess`` as Prefect's server module sees it while it starts the server: ``Popen`` in a
-    new session (and stopped with its parent); everything else is ``subprocess``'s own."""
+    new session (and stopped with its parent), writing to ``server_log()``; everything else is
+    ``subprocess``'s own."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
 
-    Popen = functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=_stop_with_parent())
+    @staticmethod
+    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+        log_path = server_log()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:  # the child has its own copy of the file
+            return _in_own_session(*args, stdout=log, stderr=subprocess.STDOUT, **kwargs)
 
 
 @contextmanager
@@ -66,7 +92,8 @@ def _popen_in_own_session() -> Iterator[None]:
 
 
 class TemporaryServer(prefect_server.SubprocessASGIServer):
-    """Prefect's temporary server with its uvicorn child in a session of its own.
+    """Prefect's temporary server with its uvicorn child in a session of its own, writing to
+    ``server_log()``.
 
     Created before Prefect first asks for it, it is the instance Prefect's client then uses
     (``SubprocessASGIServer`` keeps one per port), with Prefect's command, settings and stop.

@@ -18,6 +18,7 @@ from flows.orchestration.link import (
     start_ephemeral,
     track,
 )
+from flows.orchestration.temporary_server import server_log
 from flows.orchestration.zombies import HEARTBEAT_ENV
 
 
@@ -85,6 +86,7 @@ def test_a_server_that_never_starts_is_one_line_saying_how_to_run_without() -> N
     assert "Timed out while attempting to connect" in message
     assert "--no-prefect" in message and "PREFECT_API_URL" in message and STARTUP_TIMEOUT_ENV in message
     assert "migration output" not in message and "\n" not in message
+    assert f"its output: {server_log()}" in message  # what the server said is there, not on the terminal
 
 
 def test_the_startup_timeout_and_heartbeat_are_set_unless_the_user_chose_them() -> None:

@@ -1,8 +1,10 @@
-"""What `datagen run` shows of Prefect on its terminal."""
+"""What `datagen run` shows of Prefect on its terminal: that Prefect's temporary server is starting,
+and nothing of that server's own logging."""
 
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,33 @@ def test_on_a_terminal_the_start_is_a_spinner(monkeypatch: pytest.MonkeyPatch) -
     with display.waiting(STARTING_TEMPORARY_SERVER):
         pass
     assert STARTING_TEMPORARY_SERVER in screen.getvalue()
+
+
+SERVER_LINE = (
+    "12:00:00.000 | WARNING | prefect.server.events.actions - Action failed: "
+    "'Failed to set state: Run is already in terminal state CRASHED.'"
+)
+"""What the temporary server printed on the resume after a crashed run: its automation "mark dead
+flow runs Crashed" (in the Prefect database the temporary server shares with `prefect server start`)
+acting on a flow run that the resume had marked Crashed already."""
+
+
+def test_the_temporary_servers_own_log_lines_go_to_its_log_not_the_terminal(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Prefect starts its temporary server as a child that writes to the run's terminal: its own
+    records (Prefect's format, not the run's) came between the run's lines, past the CLI's log
+    filter, which only sees this process's records. A child started as Prefect starts the server
+    stands in for it here."""
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_HOME, temporary_settings
+
+    from flows.orchestration.temporary_server import _popen_in_own_session
+
+    program = f"import sys; print({SERVER_LINE!r}, file=sys.stderr); print('stdout too')"
+    with temporary_settings(updates={PREFECT_HOME: tmp_path}), _popen_in_own_session():
+        child = prefect_server.subprocess.Popen([sys.executable, "-c", program])
+    assert child.wait(timeout=60) == 0
+    shown = capfd.readouterr()
+    assert SERVER_LINE not in shown.err and "stdout too" not in shown.out
+    assert (tmp_path / "temporary-server.log").read_text().splitlines() == [SERVER_LINE, "stdout too"]
