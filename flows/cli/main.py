@@ -101,7 +101,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, object]]) -> None:
         fail(f"{error}. Rows written so far are saved; {remedy} and run the same command again to resume.", 5)
     except RequestError as error:  # before any prompt: the endpoint refuses the run (misconfigured)
         refused_key = error.status in (401, 403)
-        fail(f"cannot use the endpoint: {error}" + (KEY_HINT if refused_key else ""), 3)
+        fail(f"cannot use the endpoint: {error.what}" + (KEY_HINT if refused_key else ""), 3)
     except (KeyboardInterrupt, _Terminated):
         fail("interrupted: finished rows are saved; run the same command again to resume.", 130)
 

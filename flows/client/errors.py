@@ -54,9 +54,15 @@ class RequestError(Exception):
         self.status = status
         self.attempts = attempts
 
-    def __str__(self) -> str:
+    @property
+    def what(self) -> str:
+        """The status and reason without the attempt count: for a person told why the run cannot
+        start, where "(attempt 1)" reads as a retry that never was."""
         status = f"HTTP {self.status}: " if self.status is not None else ""
-        return f"{status}{self.reason} (attempt {self.attempts})"
+        return f"{status}{self.reason}"
+
+    def __str__(self) -> str:
+        return f"{self.what} (attempt {self.attempts})"
 
 
 class TransientRequestError(RequestError):

@@ -43,6 +43,7 @@ def test_the_api_key_is_in_no_file_log_or_output(tmp_path: Path) -> None:
     assert len(check.row_ids) == 55 and len(check.reject_ids) == 5  # the key was sent and accepted
     assert wrong.returncode == 3 and b"401" in refused  # without the right key: refused, nothing rejected
     assert b"the server refused the API key: set the endpoint's api_key_env" in refused
+    assert b"(attempt" not in refused  # no request was retried: no count of attempts in its line
     assert len(check_run(tmp_path / "secret").reject_ids) == 5
     for needle in (KEY.encode(), KEY[::-1].encode()):
         assert needle not in out and needle not in refused and needle not in sim_log
