@@ -9,7 +9,8 @@ GPU indices are NVML's, the same as ``nvidia-smi``'s; they ignore ``CUDA_VISIBLE
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -84,19 +85,9 @@ def read_gpus(proc_root: Path = PROC) -> GpuSnapshot:
 
     Raises :class:`GpuUnavailableError` (never a raw NVML traceback) when NVML is unusable.
     """
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise GpuUnavailableError(
-            f"cannot read NVIDIA GPUs through NVML: {exc} (is the NVIDIA driver installed?)"
-        ) from exc
-    try:
+    with _nvml(" (is the NVIDIA driver installed?)"):
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         read = [_read_one(i, proc_root) for i in range(pynvml.nvmlDeviceGetCount())]
-    except pynvml.NVMLError as exc:
-        raise GpuUnavailableError(f"NVML query failed: {exc}") from exc
-    finally:
-        pynvml.nvmlShutdown()
     if not read:
         raise GpuUnavailableError("NVML found no NVIDIA GPU")
     listed = all(known for _, known in read)
@@ -108,11 +99,7 @@ def read_gpus(proc_root: Path = PROC) -> GpuSnapshot:
 def read_memory(indices: Collection[int] | None = None) -> list[tuple[int, int]]:
     """(free, total) bytes of the GPUs ``indices`` names, or of every GPU: the light reading a
     controller can take every second (a server's controller reads its server's GPUs only)."""
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise GpuUnavailableError(f"cannot read NVIDIA GPUs through NVML: {exc}") from exc
-    try:
+    with _nvml():
         count = pynvml.nvmlDeviceGetCount()
         absent = sorted(set(indices or ()) - set(range(count)))
         if absent:
@@ -124,13 +111,25 @@ def read_memory(indices: Collection[int] | None = None) -> list[tuple[int, int]]
         for index in range(count) if indices is None else sorted(indices):
             mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
             readings.append((int(mem.free), int(mem.total)))
+    if not readings:
+        raise GpuUnavailableError("NVML found no NVIDIA GPU")
+    return readings
+
+
+@contextmanager
+def _nvml(hint: str = "") -> Iterator[None]:
+    """NVML initialised for the queries inside and shut down after, its errors (never a raw NVML
+    traceback) as :class:`GpuUnavailableError`; ``hint`` follows the one that it cannot start."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailableError(f"cannot read NVIDIA GPUs through NVML: {exc}{hint}") from exc
+    try:
+        yield
     except pynvml.NVMLError as exc:
         raise GpuUnavailableError(f"NVML query failed: {exc}") from exc
     finally:
         pynvml.nvmlShutdown()
-    if not readings:
-        raise GpuUnavailableError("NVML found no NVIDIA GPU")
-    return readings
 
 
 def _read_one(index: int, proc_root: Path) -> tuple[GpuInfo, bool]:
