@@ -10,6 +10,7 @@ long as a start takes (minutes for a large model): async code calls them with `a
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Protocol
 
 from flows.say import SAY
 from sglang_launch.launcher import LaunchAttempt, ServerHandle, launch_with_ladder
+from sglang_launch.placement import Placement
 from sglang_launch.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -101,6 +103,11 @@ class LaunchedEngine:
                 self.starting = None
             self.attempts.extend(attempts)
             return attempts
+
+    def placement(self) -> Placement:
+        """Where its server computes, from the environment it was started with and the
+        ``server_args`` its log echoes (the server serves: the log has them)."""
+        return Placement.launched(self._cfg, self._running().log_path, os.environ)
 
     def _attempting(self, log_path: Path) -> None:
         self.starting = Starting(self.starting.since if self.starting else time.monotonic(), log_path)

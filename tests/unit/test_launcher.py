@@ -34,6 +34,7 @@ from sglang_launch.launcher import (
     retry_direction,
     server_url,
 )
+from sglang_launch.placement import Placement
 from sglang_launch.ports import free_port
 from sglang_launch.probe import is_healthy_async, kv_capacity, server_info
 from sglang_launch.server_config import ServerConfig
@@ -404,6 +405,19 @@ def test_engine_restarts_a_dead_server_on_the_same_port(fake_cfg: ServerConfig) 
         assert httpx.get(f"{url}/health").status_code == 200
         assert [a.number for a in engine.attempts] == [1, 2, 3, 4]
     assert not handle.alive()
+
+
+def test_a_launched_servers_placement_is_read_from_its_env_and_its_logged_server_args(
+    fake_cfg: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For the OOM guard in a container: [server] env over this process's, and the devices of the
+    server_args the server logged (tp 1: its CUDA device 0)."""
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    cfg = with_env(fake_cfg, CUDA_VISIBLE_DEVICES="5,6").model_copy(update={"launch": True})
+    with LaunchedEngine(cfg) as engine:
+        engine.ensure_running()
+        assert engine.placement() == Placement((0,), "5,6", pci_order=True)
 
 
 def test_a_server_out_of_memory_while_serving_restarts_below_the_fraction_sglang_chose(
