@@ -116,6 +116,16 @@ def read_memory(indices: Collection[int] | None = None) -> list[tuple[int, int]]
     return readings
 
 
+def read_uuids() -> list[str]:
+    """NVML's GPU UUIDs (``GPU-...``) by index: what a ``CUDA_VISIBLE_DEVICES`` of UUIDs names, as
+    nvidia-smi numbers it (its indices may count in CUDA's order, not NVML's)."""
+    with _nvml():
+        return [
+            _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index)))
+            for index in range(pynvml.nvmlDeviceGetCount())
+        ]
+
+
 @contextmanager
 def _nvml(hint: str = "") -> Iterator[None]:
     """NVML initialised for the queries inside and shut down after, its errors (never a raw NVML

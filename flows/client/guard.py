@@ -21,6 +21,7 @@ from flows.client.endpoint import EndpointClient
 from flows.client.errors import TransientRequestError
 from flows.say import SAY
 from sglang_launch.engine import Engine
+from sglang_launch.placement import Placement
 from sglang_launch.probe import is_healthy_async
 
 log = logging.getLogger(__name__)
@@ -205,10 +206,11 @@ class EndpointGuard:
 @dataclass(frozen=True)
 class Endpoint:
     """What a limiter lane holds: the client to send with and the guard to recover with; and for its
-    controller's OOM guard, where its free GPU memory is read (None: ``[concurrency] vram``) and the
-    server's GPUs where the config names them."""
+    controller's OOM guard, where its free GPU memory is read (None: ``[concurrency] vram``), the
+    server's GPUs where the config names them, and where the run placed a server it launched."""
 
     client: EndpointClient
     guard: EndpointGuard
     vram: str | None = None
     gpus: frozenset[int] | None = None
+    placement: Placement | None = None

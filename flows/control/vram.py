@@ -8,9 +8,11 @@ counts: one GPU out of memory stops a tensor-parallel server.
 
 Only the server's own GPUs count where they can be known: those its endpoint's ``gpus`` names
 (read through NVML or DCGM), else through NVML those whose compute processes belong to the process
-tree listening on the endpoint's port. Read over every GPU of the node, another job's full GPU
-backed a server off at every tick, one of eight servers (one per GPU) out of memory backed off all
-eight, and the full GPU hid the server's own memory being let go.
+tree listening on the endpoint's port, else, for a server the run launched, those it placed it on
+(``sglang_launch.placement``: in a container NVML lists host pids, which its /proc does not show).
+Read over every GPU of the node, another job's full GPU backed a server off at every tick, one of
+eight servers (one per GPU) out of memory backed off all eight, and the full GPU hid the server's
+own memory being let go.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from flows.say import SAY
-from sglang_launch.gpu import GpuUnavailableError, read_gpus, read_memory
+from sglang_launch.gpu import GpuUnavailableError, read_gpus, read_memory, read_uuids
+from sglang_launch.placement import Placement
 from sglang_launch.port_owner import serving_processes
 from sglang_launch.probe import endpoint_http
 from sglang_launch.procfs import PROC
@@ -118,7 +121,9 @@ class VramReader:
     looks for the server. Else DCGM reads every GPU of its node, and NVML reads the GPUs of the server
     at ``server_url`` (see ``server_gpus``), found at the first reading and again at the first after
     ``relocate``: finding them walks /proc and lists every GPU's processes, too heavy for every tick.
-    Where they cannot be found it reads every GPU.
+    Where they cannot be found so, it reads those of ``placement`` (where the run launched the server
+    itself: the lookup by port is exact, the placement only as sure as its CUDA device order), else
+    every GPU.
 
     An exporter is reached as the endpoint is (``endpoint_http``): directly, trusting ``ca_bundle``
     (the endpoint's) where given. It is on the server's node, which a proxy set for downloads does not
@@ -133,10 +138,12 @@ class VramReader:
         proc_root: Path = PROC,
         gpus: frozenset[int] | None = None,
         ca_bundle: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.source = source
         self.server_url = server_url
         self.proc_root = proc_root
+        self.placement = placement
         self._http = (
             httpx.AsyncClient(timeout=timeout_s, **endpoint_http(ca_bundle)) if source != "nvml" else None
         )
@@ -215,6 +222,9 @@ class VramReader:
         port = url.port or (443 if url.scheme == "https" else 80)
         try:
             gpus, why = server_gpus(port, self.proc_root)
+            if gpus is None and self.placement is not None:
+                placed, how = self.placement.nvml_gpus(read_uuids())
+                gpus, why = (placed, f"{how}: {why}") if placed is not None else (None, f"{why}; {how}")
         except GpuUnavailableError as error:
             gpus, why = None, str(error)
         if gpus is not None:

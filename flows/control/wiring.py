@@ -25,6 +25,7 @@ from flows.control.oom_hold import OomHold
 from flows.control.timeline import DecisionTally, Timeline
 from flows.control.vram import VramReader
 from sglang_launch.gpu import GpuUnavailableError, read_memory
+from sglang_launch.placement import Placement
 
 TIMELINE_WRITE_S = 30.0
 
@@ -54,19 +55,24 @@ def nvml_works() -> bool:
 
 
 def vram_reader(
-    setting: str, url: str, gpus: frozenset[int] | None = None, ca_bundle: str | None = None
+    setting: str,
+    url: str,
+    gpus: frozenset[int] | None = None,
+    ca_bundle: str | None = None,
+    placement: Placement | None = None,
 ) -> VramReader | None:
     """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly).
     It reads ``gpus`` (the endpoint's, where the config names them), else through NVML the GPUs of
-    the server listening on ``url``'s port (``VramReader``), not the node's. ``gpus`` named ask for a
-    guard: NVML then even where it does not work here, so that the reader says there is none. A DCGM
-    exporter is read trusting ``ca_bundle`` (the endpoint's) where given."""
+    the server listening on ``url``'s port, else those of its ``placement`` (``VramReader``), not the
+    node's. ``gpus`` named ask for a guard: NVML then even where it does not work here, so that the
+    reader says there is none. A DCGM exporter is read trusting ``ca_bundle`` (the endpoint's) where
+    given."""
     if setting == "off":
         return None
     if setting == "auto":
         local = on_this_machine(url) and (gpus is not None or nvml_works())
-        return VramReader("nvml", server_url=url, gpus=gpus) if local else None
-    return VramReader(setting, server_url=url, gpus=gpus, ca_bundle=ca_bundle)
+        return VramReader("nvml", server_url=url, gpus=gpus, placement=placement) if local else None
+    return VramReader(setting, server_url=url, gpus=gpus, ca_bundle=ca_bundle, placement=placement)
 
 
 class Control:
@@ -79,7 +85,9 @@ class Control:
         self.timeline = Timeline(run_dir)
         laws: list[Limit] = [self._law(concurrency) for _ in endpoints]
         readers = [
-            vram_reader(concurrency.vram_for(e.vram), e.client.endpoint, e.gpus, e.client.ca_bundle)
+            vram_reader(
+                concurrency.vram_for(e.vram), e.client.endpoint, e.gpus, e.client.ca_bundle, e.placement
+            )
             for e in endpoints
         ]
         self.holds: list[OomHold] = []

@@ -19,6 +19,7 @@ from flows.config import RunConfig
 from flows.run.served import ModelsDiffer, ServedModel, first_answers, not_answering, run_model
 from flows.say import SAY
 from sglang_launch.engine import Engine, LaunchedEngine
+from sglang_launch.placement import Placement
 from sglang_launch.server_config import SERVER_LOGS, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Target:
     ca_bundle: str | None = None
     vram: str | None = None
     gpus: frozenset[int] | None = None
+    placement: Placement | None = None
 
 
 async def _api_key(target: Target, secrets: SecretLoader | None) -> str | None:
@@ -117,7 +119,7 @@ class EndpointPool:
                     ca_bundle=target.ca_bundle,
                     api_key=key,
                 )
-                self.endpoints.append(Endpoint(client, guard, target.vram, target.gpus))
+                self.endpoints.append(Endpoint(client, guard, target.vram, target.gpus, target.placement))
             self.model = await self._resolve_model()
         except BaseException:
             await self.aclose()
@@ -132,11 +134,18 @@ class EndpointPool:
                 server = server.model_copy(update={"log_dir": self.config.run_dir / SERVER_LOGS})
             self.engine = LaunchedEngine(server)
             await asyncio.to_thread(self.engine.ensure_running)
-            # its GPUs are left to the OOM guard's lookup by port (the server is this process's
-            # child): ServerConfig places it through CUDA_VISIBLE_DEVICES (its env, or this
-            # process's) counted in CUDA's order, and --base-gpu-id in extra_args, not nvidia-smi's numbers
+            # its GPUs are found by the OOM guard's lookup by port (the server is this process's
+            # child), else where the run placed it: in a container NVML lists host pids
+            placement = await asyncio.to_thread(self.engine.placement)
             targets.append(
-                Target(self.engine.url, server.served_model_name, server.api_key_env, False, self.engine)
+                Target(
+                    self.engine.url,
+                    server.served_model_name,
+                    server.api_key_env,
+                    False,
+                    self.engine,
+                    placement=placement,
+                )
             )
         for endpoint in self.config.endpoints:
             targets.append(

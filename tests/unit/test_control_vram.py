@@ -28,6 +28,8 @@ from flows.run.endpoints import EndpointPool
 from flows.run.served import Listing
 from sglang_launch import port_owner
 from sglang_launch.gpu import GpuUnavailableError
+from sglang_launch.placement import Placement
+from sglang_launch.server_config import ServerConfig
 
 DCGM = """# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
 # TYPE DCGM_FI_DEV_FB_FREE gauge
@@ -222,8 +224,59 @@ async def test_each_endpoint_reads_its_own_nodes_exporter_and_its_own_gpus(
         await pool.aclose()
 
 
+async def test_a_launched_servers_placement_reaches_its_oom_guard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the engine the run launched to its endpoint's reader; an endpoint it did not launch has none."""
+    placement = Placement((0, 1), "2,3", pci_order=True)
+
+    class Launched:
+        url = "http://127.0.0.1:30000"
+
+        def __init__(self, cfg: ServerConfig) -> None:
+            pass
+
+        def ensure_running(self) -> None:
+            pass
+
+        def placement(self) -> Placement:
+            return placement
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(endpoints_module, "LaunchedEngine", Launched)
+    monkeypatch.setattr(wiring, "nvml_works", lambda: True)
+    config = parse_config(
+        {
+            "run": {"name": "launched", "output_dir": str(tmp_path)},
+            "server": {"launch": True, "model_path": "/m", "served_model_name": "m"},
+            "endpoints": [{"url": "http://127.0.0.1:30001", "model": "m"}],
+            "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
+        }
+    )
+    pool = await _opened(config, monkeypatch)
+    control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
+    try:
+        readers = {c.url: c.vram for c in control.controllers}
+        assert {url: r.placement if r else r for url, r in readers.items()} == {
+            "http://127.0.0.1:30000": placement,
+            "http://127.0.0.1:30001": None,
+        }
+    finally:
+        await control.aclose()
+        await pool.aclose()
+
+
 GIB = 1 << 30
 GPU_TOTAL = 80 * GIB
+UUIDS = [
+    "GPU-5d9c1a2e-0b3f-4c1d-8e2a-7f6b5c4d3e2f",
+    "GPU-a17e4b90-2c6d-4e8f-9a1b-3c5d7e9f1a2b",
+    "GPU-3f8e2d1c-4b5a-6978-8a9b-0c1d2e3f4a5b",
+    "GPU-c0de4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f",
+]
+"""NVML's UUIDs of the fakes' GPUs, by index."""
 
 
 class FakeGpus:
@@ -250,6 +303,7 @@ class FakeGpus:
             "nvmlDeviceGetHandleByIndex": lambda index: index,
             "nvmlDeviceGetMemoryInfo": memory,
             "nvmlDeviceGetName": lambda index: "NVIDIA H100 80GB HBM3",
+            "nvmlDeviceGetUUID": lambda index: UUIDS[index],
             "nvmlDeviceGetComputeRunningProcesses": compute,
             "nvmlDeviceGetGraphicsRunningProcesses": lambda index: [],
         }.items():
@@ -391,6 +445,92 @@ async def test_a_server_whose_gpus_cannot_be_found_is_guarded_by_every_gpu_as_be
     assert await reader.read() == VramSample(int(0.2 * GIB), GPU_TOTAL)
     [line] = [r.getMessage() for r in caplog.records]
     assert "reads every GPU of this machine" in line and why in line
+
+
+def launched(tmp_path: Path, env: dict[str, str], environ: dict[str, str], args: str) -> Placement:
+    """Where the run placed a server it launched with ``[server] env`` over this process's
+    ``environ``, SGLang's ``server_args`` in its log being ``args``."""
+    log = tmp_path / "sglang-30000-attempt1.log"
+    log.write_text(f"[2026-11-29 14:06:36] server_args={{'model_path': '/m', {args}}}\n")
+    return Placement.launched(ServerConfig(launch=True, model_path="/m", env=env), log, environ)
+
+
+def container_node() -> FakeGpus:
+    """Another job fills GPUs 0-1, the launched server runs on GPUs 2-3; NVML lists the host's pids,
+    none of which the container's /proc shows."""
+    return FakeGpus({0: (0.2, [4240]), 1: (0.3, [4241]), 2: (12, [4242]), 3: (10, [4243])})
+
+
+@pytest.mark.parametrize(
+    ("env", "environ", "args"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "2,3"}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "'tp_size': 2"),
+        ({}, {"CUDA_VISIBLE_DEVICES": f"{UUIDS[2]},{UUIDS[3][:12]}"}, "'tp_size': 2"),  # CUDA takes a prefix
+        (
+            {"CUDA_VISIBLE_DEVICES": "1,2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+            {"CUDA_VISIBLE_DEVICES": "0"},  # [server] env wins, as the launcher gives it
+            "'tp_size': 2, 'base_gpu_id': 1",
+        ),
+    ],
+)
+async def test_in_a_container_a_launched_servers_guard_reads_the_gpus_the_run_placed_it_on(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    env: dict[str, str],
+    environ: dict[str, str],
+    args: str,
+) -> None:
+    """NVML lists the host's pids, which the container's PID namespace hides: the guard read every
+    GPU, and the other job's full GPUs 0-1 held the lane. The run placed the server itself: its
+    CUDA_VISIBLE_DEVICES, in nvidia-smi's order (PCI bus order, or UUIDs), and SGLang's placement
+    inside it name GPUs 2-3."""
+    container_node().install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    reader = VramReader(
+        "nvml",
+        server_url="http://127.0.0.1:30000",
+        proc_root=fake_proc(tmp_path),
+        placement=launched(tmp_path, env, environ, args),
+    )
+    assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {2, 3}
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("http://127.0.0.1:30000: the OOM guard reads GPU 2,3, where the run placed it")
+    assert "NVML lists none of the 3 processes under the listener on port 30000" in line
+
+
+async def test_a_launched_server_placed_by_cuda_indices_in_cudas_own_order_is_guarded_by_every_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA counts fastest first: its 2,3 need not be
+    nvidia-smi's. No guess: every GPU, as before, and the line says why and what makes it certain."""
+    container_node().install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    placement = launched(tmp_path, {"CUDA_VISIBLE_DEVICES": "2,3"}, {}, "'tp_size': 2")
+    reader = VramReader(
+        "nvml", server_url="http://127.0.0.1:30000", proc_root=fake_proc(tmp_path), placement=placement
+    )
+    assert await reader.read() == VramSample(int(0.2 * GIB), GPU_TOTAL) and reader.gpus is None
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "the OOM guard reads every GPU of this machine" in line
+    assert "NVML lists none of the 3 processes under the listener on port 30000" in line
+    assert "CUDA_VISIBLE_DEVICES=2,3" in line and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in line
+
+
+async def test_the_lookup_by_port_comes_before_the_launched_servers_placement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The processes found on the port are exact: the placement is only where they are not found."""
+    busy_node().install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    placement = launched(
+        tmp_path, {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {}, "'tp_size': 2"
+    )
+    reader = VramReader(
+        "nvml", server_url="http://127.0.0.1:30000", proc_root=fake_proc(tmp_path), placement=placement
+    )
+    assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {0, 1}
+    assert "those of the processes under the listener on port 30000" in caplog.records[0].getMessage()
 
 
 async def test_after_a_restart_the_server_is_found_again_and_kept_while_it_is_not_listening(
