@@ -9,7 +9,8 @@ port (a container's PID namespace hides them from NVML).
 CUDA counts devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML and nvidia-smi count
 in PCI bus order. So an index in ``CUDA_VISIBLE_DEVICES`` (or a device id without one) is nvidia-smi's
 only under ``PCI_BUS_ID``, and a GPU UUID (``GPU-...``, or the start of one, as CUDA takes it) names
-its GPU in any order. Elsewhere the GPUs are not known, and the answer says why: never a guess.
+its GPU in any order, and a server on every GPU NVML lists (one GPU, or tp over all) is on all of
+them in any order. Elsewhere the GPUs are not known, and the answer says why: never a guess.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ class Placement:
         counted = f"of CUDA_VISIBLE_DEVICES={self.visible}" if entries else "with CUDA_VISIBLE_DEVICES unset"
         placed = f"CUDA device {gpu_list(self.devices)} {counted}"
         unknown = f"where the run placed it ({placed}) is not known in nvidia-smi's numbers"
+        named = [
+            str(device) if entries is None else entries[device]
+            for device in self.devices
+            if entries is None or device < len(entries)
+        ]
+        if sorted(named) == sorted(str(index) for index in range(len(uuids))):  # each one once
+            return frozenset(range(len(uuids))), f"where the run placed it ({placed}): every GPU NVML lists"
         gpus: set[int] = set()
         for device in self.devices:
             if entries is not None and device >= len(entries):

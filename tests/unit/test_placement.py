@@ -44,6 +44,21 @@ def test_where_the_gpus_are_not_certain_none_and_why(placement: Placement, why: 
     assert placed is None and why in how
 
 
+@pytest.mark.parametrize(
+    ("placement", "uuids"),
+    [
+        (Placement((0,), None, pci_order=False), UUIDS[:1]),  # one GPU: no order to know
+        (Placement((0, 1, 2, 3), None, pci_order=False), UUIDS),  # tp 4 on the 4 GPUs there are
+        (Placement((0, 1, 2, 3), "3,2,1,0", pci_order=False), UUIDS),
+    ],
+)
+def test_a_server_on_every_gpu_there_is_needs_no_device_order(placement: Placement, uuids: list[str]) -> None:
+    """Every GPU NVML lists, in whatever order CUDA counts them, is every GPU: the guard reads them all
+    as the server's own, not "not known" (the same GPUs, and a log line saying the order is unsure)."""
+    placed, how = placement.nvml_gpus(uuids)
+    assert placed == set(range(len(uuids))) and "every GPU NVML lists" in how
+
+
 def test_a_server_log_that_cannot_be_read_is_no_placement_not_a_failed_run(tmp_path: Path) -> None:
     cfg = ServerConfig(launch=True, model_path="/m", env={"CUDA_VISIBLE_DEVICES": "2,3"})
     placement = Placement.launched(cfg, tmp_path / "gone.log", {})
