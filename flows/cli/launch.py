@@ -152,8 +152,7 @@ def _serve(cfg: ServerConfig, check: bool) -> int:
         return 1
     except (ValueError, RuntimeError, OSError) as refused:  # before any server ran: no model_path, the
         # key's variable unset, the port taken, no such --python
-        console.print(f"[bold red]error:[/] cannot launch: {escape(str(refused))}")
-        return 2
+        fail(f"cannot launch: {refused}")  # exit 2 (the caller restores SIGTERM's handler on the way out)
     with handle:
         console.print(attempts_table(attempts))
         console.print(
