@@ -18,6 +18,11 @@ is already in terminal state CRASHED.'": an automation (datagen's, which marks d
 is in the database the temporary server shares with a ``prefect server start`` of the same home)
 acting on a flow run the resume had marked Crashed already. Such a failure stays in the API as an
 event; the server's output goes to ``server_log()``, beside that database.
+
+Appended to by every start, that file grew without bound under scheduled runs. Each start moves the
+previous start's output to ``server_log()`` + ``.1`` (replacing the one before) and writes its own to a
+new file: the file named by the line of a server that did not start holds that start's output, and a
+retried start's first try is in ``.1``.
 """
 
 from __future__ import annotations
@@ -45,8 +50,18 @@ SERVER_LOG = "temporary-server.log"
 
 
 def server_log() -> Path:
-    """Where the temporary server writes: a file in Prefect's home, appended to by each start."""
+    """Where the temporary server writes: a file in Prefect's home holding its latest start's output."""
     return Path(PREFECT_HOME.value()) / SERVER_LOG
+
+
+def _new_server_log() -> Path:
+    """``server_log()``, emptied for a new start: the previous start's output is moved to its ``.1``
+    (replacing an older one), so the file stays one start long and the previous start readable."""
+    log_path = server_log()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):  # the first start in this home
+        log_path.replace(log_path.with_name(f"{log_path.name}.1"))
+    return log_path
 
 
 def _stop_with_parent() -> Callable[[], None] | None:
@@ -75,9 +90,7 @@ class _Subprocess:
 
     @staticmethod
     def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
-        log_path = server_log()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:  # the child has its own copy of the file
+        with _new_server_log().open("ab") as log:  # the child has its own copy of the file
             return _in_own_session(*args, stdout=log, stderr=subprocess.STDOUT, **kwargs)
 
 

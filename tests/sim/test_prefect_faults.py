@@ -62,6 +62,9 @@ def test_a_temporary_server_that_will_not_start_is_one_line_and_exit_3(tmp_path:
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "temporary API server did not start (2 tries" in lines[0]
     assert "--no-prefect" in lines[0] and "PREFECT_API_URL" in lines[0]
+    server_log = tmp_path / "prefect-home" / "temporary-server.log"  # the second try's output
+    assert f"its output: {server_log})" in lines[0] and server_log.is_file()
+    assert server_log.with_name(f"{server_log.name}.1").is_file()  # the first try's, kept beside it
     assert not (tmp_path / "nop" / "manifest.json").exists()  # nothing was started or written
 
 

@@ -121,3 +121,25 @@ def test_the_temporary_servers_own_log_lines_go_to_its_log_not_the_terminal(
     shown = capfd.readouterr()
     assert SERVER_LINE not in shown.err and "stdout too" not in shown.out
     assert (tmp_path / "temporary-server.log").read_text().splitlines() == [SERVER_LINE, "stdout too"]
+
+
+def test_each_start_of_the_temporary_server_keeps_its_own_output_and_the_previous_one(
+    tmp_path: Path,
+) -> None:
+    """Every start appended to one file, never rotated: a week of scheduled runs grew it without
+    bound. The file holds this start's output (what the line of a server that did not start names)
+    and ``.1`` the start before it (the first try, when a failed start was retried); older ones go."""
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_HOME, temporary_settings
+
+    from flows.orchestration.temporary_server import _popen_in_own_session, server_log
+
+    with temporary_settings(updates={PREFECT_HOME: tmp_path}):
+        for start in ("first", "second", "third"):
+            with _popen_in_own_session():
+                child = prefect_server.subprocess.Popen([sys.executable, "-c", f"print('{start} start')"])
+            assert child.wait(timeout=60) == 0
+        log = server_log()
+    assert log.read_text().splitlines() == ["third start"]
+    assert log.with_name(log.name + ".1").read_text().splitlines() == ["second start"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [log.name, log.name + ".1"]
