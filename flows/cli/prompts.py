@@ -18,6 +18,7 @@ from rich.text import Text
 from flows.cli.console import console, fail
 from flows.config import ConfigError
 from flows.report.preview import (
+    HUB_TIMEOUT_S,
     Example,
     LengthStats,
     Preview,
@@ -53,8 +54,9 @@ def preview(
         str | None,
         typer.Option(
             "--tokenizer",
-            help="tokenizer.json path, a folder holding one, or a Hub model id (read from the cache only "
-            "with HF_HUB_OFFLINE): prompt lengths in tokens instead of characters.",
+            help="tokenizer.json path, a folder holding one, or a Hub model id (from the local Hugging Face "
+            f"cache, else the Hub with a {HUB_TIMEOUT_S:g} s timeout, not with HF_HUB_OFFLINE): prompt "
+            "lengths in tokens instead of characters.",
         ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the preview as one JSON document.")] = False,

@@ -37,6 +37,10 @@ EXAMPLE_CHARS = 300
 """Characters of each message shown in an example: enough to recognise a prompt, short enough to scan."""
 
 _HUB_OFFLINE_VALUES = {"1", "ON", "YES", "TRUE"}
+TOKENIZER_FILE = "tokenizer.json"
+HUB_TIMEOUT_S = 5.0
+"""How long a preview waits for the Hub when a tokenizer is not in the local cache: a working network
+answers well within it, and a machine without one is not held up."""
 
 
 @dataclass(frozen=True)
@@ -234,17 +238,44 @@ def _hub_offline() -> bool:
 
 
 def _tokenizer_file(name: str) -> str:
-    """A local tokenizer.json (or a folder holding one), else the Hub's copy (cache only when offline)."""
+    """A local tokenizer.json (or a folder holding one), else the Hub's copy (``_hub_tokenizer_file``)."""
     path = Path(name).expanduser()
     if path.is_dir():
-        path = path / "tokenizer.json"
+        path = path / TOKENIZER_FILE
     if path.is_file():
         return str(path)
     if path.is_absolute() or name.startswith((".", "~")) or name.endswith(".json"):
         raise FileNotFoundError(f"no tokenizer file at {path}")
-    from huggingface_hub import hf_hub_download
+    return _hub_tokenizer_file(name)
 
-    return hf_hub_download(name, "tokenizer.json", local_files_only=_hub_offline())
+
+def _hub_tokenizer_file(repo_id: str) -> str:
+    """The tokenizer.json of a Hub model: from the local Hugging Face cache, else (not with
+    HF_HUB_OFFLINE) from the Hub, asked once with ``HUB_TIMEOUT_S``; ``FileNotFoundError`` in one
+    line when neither has it.
+
+    ``hf_hub_download`` asks the Hub before its cache: without internet a cached tokenizer waited 10 s,
+    and one not cached waited for retries of a minute each. A preview counts lengths, so a cached
+    tokenizer that the Hub has since updated is good enough. The Hub is probed first because a failed
+    ``hf_hub_download`` retries on its own, past any timeout given to it.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return hf_hub_download(repo_id, TOKENIZER_FILE, local_files_only=True)
+    except LocalEntryNotFoundError:
+        if _hub_offline():
+            raise FileNotFoundError("not in the Hugging Face cache, and HF_HUB_OFFLINE is set") from None
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, TOKENIZER_FILE), timeout=HUB_TIMEOUT_S)
+        return hf_hub_download(repo_id, TOKENIZER_FILE, etag_timeout=HUB_TIMEOUT_S)
+    except Exception as error:  # offline, refused, timed out, no such repo: one line all the same
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise FileNotFoundError(
+            f"not in the Hugging Face cache, and not fetched from the Hub within {HUB_TIMEOUT_S:g} s: "
+            f"{reason}"
+        ) from None
 
 
 def load_measure(tokenizer: str | None) -> Measure:

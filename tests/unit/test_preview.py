@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from flows.cli import prompts as prompts_cli
 from flows.config import CategoryConfig, ConfigError
+from flows.report import preview as preview_module
 from flows.report.preview import (
     EXAMPLE_CHARS,
     Measure,
@@ -283,34 +284,10 @@ def test_a_file_that_is_no_tokenizer_falls_back_with_the_reason(tmp_path: Path) 
     assert (measure.note or "").endswith("): lengths in characters")
 
 
-def test_a_hub_tokenizer_is_read_from_the_cache_only_when_offline(
-    word_tokenizer: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import huggingface_hub
-
-    calls: list[tuple[str, str, bool]] = []
-
-    def download(repo_id: str, filename: str, *, local_files_only: bool = False) -> str:
-        calls.append((repo_id, filename, local_files_only))
-        if local_files_only:
-            raise FileNotFoundError("not in the local cache")
-        return str(word_tokenizer)
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    offline = load_measure("org/model")
-    assert offline.unit == "characters" and "not in the local cache" in (offline.note or "")
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    online = load_measure("org/model")
-    assert (online.unit, online.count("hello world")) == ("tokens", 2)
-    assert calls == [("org/model", "tokenizer.json", True), ("org/model", "tokenizer.json", False)]
-
-
-def test_a_hub_id_in_the_local_cache_counts_tokens_offline(
-    word_tokenizer: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """The Hub cache as a download leaves it (refs/main naming a snapshot), read by the real
-    huggingface_hub with HF_HUB_OFFLINE: an id that is there counts tokens, one that is not says why."""
+@pytest.fixture
+def hub_cache(word_tokenizer: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A Hugging Face cache as a download leaves it (refs/main naming a snapshot) holding the word
+    tokenizer as ``org/tiny``, read by the real huggingface_hub."""
     import huggingface_hub.constants
 
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -320,6 +297,32 @@ def test_a_hub_id_in_the_local_cache_counts_tokens_offline(
     (repo / "snapshots" / commit).mkdir(parents=True)
     (repo / "snapshots" / commit / "tokenizer.json").write_bytes(word_tokenizer.read_bytes())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path / "hub"
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """A machine whose network drops every packet: each connection waits out its timeout, then
+    fails. Returns the timeouts of the connections tried (none is made)."""
+    import socket
+    import time
+
+    tried: list[float | None] = []
+
+    def unreachable(address: Any, timeout: float | None = None, *args: Any, **kwargs: Any) -> Any:
+        tried.append(timeout)
+        time.sleep(timeout or 0)
+        raise TimeoutError(f"connecting to {address[0]} timed out")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tried
+
+
+def test_a_hub_id_in_the_local_cache_counts_tokens_offline(
+    hub_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With HF_HUB_OFFLINE: an id in the cache counts tokens, one that is not says why."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cached = load_measure("org/tiny")
     assert (cached.unit, cached.count("hello world, again"), cached.note) == (
@@ -330,6 +333,58 @@ def test_a_hub_id_in_the_local_cache_counts_tokens_offline(
     absent = load_measure("org/absent")
     assert absent.unit == "characters"
     assert (absent.note or "").startswith("could not load tokenizer 'org/absent' (")
+
+
+def test_a_cached_hub_tokenizer_is_used_without_asking_the_hub(
+    hub_cache: Path, no_network: list[float | None]
+) -> None:
+    """Without HF_HUB_OFFLINE, huggingface_hub asks the Hub before its cache: on a machine without
+    internet a preview waited for the network's timeout before counting with the cached tokenizer."""
+    cached = load_measure("org/tiny")
+    assert (cached.unit, cached.count("hello world, again")) == ("tokens", 4)
+    assert no_network == []
+
+
+def test_a_hub_tokenizer_not_cached_is_asked_for_once_with_a_short_timeout(
+    hub_cache: Path, no_network: list[float | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not in the cache: the Hub is asked once, for at most ``HUB_TIMEOUT_S`` (huggingface_hub's own
+    download waited 10 s, then retried a minute at a time), and the preview counts characters with
+    one line saying why; with HF_HUB_OFFLINE the Hub is not asked at all."""
+    monkeypatch.setattr(preview_module, "HUB_TIMEOUT_S", 0.2)
+    absent = load_measure("org/absent")
+    assert absent.unit == "characters" and no_network == [0.2]
+    note = absent.note or ""
+    assert note.startswith("could not load tokenizer 'org/absent' (not in the Hugging Face cache, and not")
+    assert "timed out" in note and "\n" not in note and note.endswith("): lengths in characters")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = load_measure("org/absent")
+    assert offline.unit == "characters" and "HF_HUB_OFFLINE" in (offline.note or "")
+    assert no_network == [0.2]
+
+
+def test_a_hub_tokenizer_not_cached_is_downloaded(
+    word_tokenizer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine that reaches the Hub: the cache is looked at first, then the file downloaded."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    asked: list[str] = []
+
+    def download(repo_id: str, filename: str, *, local_files_only: bool = False, **kwargs: Any) -> str:
+        asked.append("cache" if local_files_only else "download")
+        if local_files_only:
+            raise LocalEntryNotFoundError("not in the local cache")
+        return str(word_tokenizer)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kwargs: asked.append(url))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    online = load_measure("org/model")
+    assert (online.unit, online.count("hello world")) == ("tokens", 2)
+    assert asked == ["cache", huggingface_hub.hf_hub_url("org/model", "tokenizer.json"), "download"]
 
 
 # --- finding the category -------------------------------------------------------------------------
