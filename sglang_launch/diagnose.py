@@ -5,7 +5,9 @@ what to change); the GPU findings beside it come from :mod:`sglang_launch.prefli
 
 What bounds a running server, read from its "Decode batch" lines (the median and the 5th-95th
 percentile range over lines with requests running, so warm-up does not count; the end-of-run drain,
-the lines after the last admission while the last requests finish, is left out):
+the lines after the last admission while the last requests finish, is left out, and in a log without
+"Prefill batch" lines, such as one filtered to its decode lines, the lines at its end where running
+falls with nothing queued):
 
 - ``kv_bound``: a long queue, token usage high, running below ``--max-running-requests``: new
   requests wait for KV room. More KV (memory fraction, fp8 KV) is what makes it faster.
@@ -349,10 +351,11 @@ def _drain(busy: Sequence[DecodeBatch], prefill: Sequence[PrefillBatch]) -> int:
 
     A fed server admits again soon; one whose client has stopped can only drain, which says nothing
     about what bounded the run: over a long drain the median running count fell below the cap and the
-    empty queue read as a starved server. Without prefill lines admissions are unknown: no drain.
+    empty queue read as a starved server. Without prefill lines (a log filtered to its decode lines)
+    the decode lines tell it themselves (``_drain_without_admissions``).
     """
     if not prefill:
-        return 0
+        return _drain_without_admissions(busy)
     last_admission = max(p.at.line_no for p in prefill)
     after = 0
     for line in reversed(busy):
@@ -361,6 +364,21 @@ def _drain(busy: Sequence[DecodeBatch], prefill: Sequence[PrefillBatch]) -> int:
         after += 1
     tail = busy[len(busy) - after :]
     return after if tail and tail[-1].running < tail[0].running else 0
+
+
+def _drain_without_admissions(busy: Sequence[DecodeBatch]) -> int:
+    """The drain told from decode lines alone: in the last lines with nothing queued, after running
+    last rose (an admission, the last the decode lines show), those below the count they began at.
+
+    The lines at that first count stay: a client keeping exactly that many in flight (at the cap, say)
+    shows the same flat count with nothing queued, and its whole run is not a drain.
+    """
+    tail: list[DecodeBatch] = []  # from the last line backwards
+    for line in reversed(busy):
+        if line.queued or (tail and line.running < tail[-1].running):
+            break
+        tail.append(line)
+    return sum(1 for line in tail if line.running < tail[-1].running) if tail else 0
 
 
 def _shortfall(load: LoadSummary, t: Thresholds) -> str:
@@ -739,8 +757,11 @@ def _load_evidence(load: LoadSummary) -> list[str]:
         f"the {load.lines} decode lines all come after the last admission: the end-of-run drain"
         if load.only_drain
         else "",
-        f"{load.drain_lines} decode lines after the last admission are the end-of-run drain, not counted"
-        if load.drain_lines
+        _drain_evidence(load),
+        "no Prefill batch lines in the log (filtered to its decode lines?): admissions are unknown, so the "
+        "drain is read from the decode lines alone, prefill-bound is not told from admission-bound, and "
+        "retractions show only if their lines were kept"
+        if not load.prefill_batches
         else "",
         f"running {_span(load.running.low, load.running.high)}, median {load.running.median:g}{cap}",
         f"queued {_span(load.queued.low, load.queued.high)}, median {load.queued.median:g}; "
@@ -769,6 +790,17 @@ def _load_evidence(load: LoadSummary) -> list[str]:
             f"{load.prefill_tokens_median or 0:,.0f} new tokens per batch{chunk}"
         )
     return lines
+
+
+def _drain_evidence(load: LoadSummary) -> str:
+    if not load.drain_lines:
+        return ""
+    if not load.prefill_batches:
+        return (
+            f"{load.drain_lines} decode lines at the end of the log, running falling with nothing queued, "
+            "are the end-of-run drain, not counted"
+        )
+    return f"{load.drain_lines} decode lines after the last admission are the end-of-run drain, not counted"
 
 
 def _http_evidence(log: ServerLog) -> str:

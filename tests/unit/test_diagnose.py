@@ -250,6 +250,50 @@ def test_the_drain_at_the_end_of_a_run_is_not_starvation() -> None:
     )
 
 
+def decode_lines_only(text: str) -> str:
+    """``text`` as ``grep "Decode batch"`` leaves it: how people shrink a long server log."""
+    return "\n".join(line for line in text.splitlines() if "Decode batch" in line) + "\n"
+
+
+def test_a_log_filtered_to_decode_lines_still_leaves_the_drain_out() -> None:
+    """The drain was told from the decode lines after the last admission (prefill line): a log
+    filtered down to its decode lines has none, so the drain counted again and a server with requests
+    waiting was called starved. Its own decode lines show the drain: running falling, nothing queued;
+    judged without it, the log says what its busy part says."""
+    at = [START + timedelta(seconds=2 * i) for i in range(60)]
+    steady = [line for t in at[:20] for line in (decode_line(t, 16, 3, 0.50), prefill_line(t))]
+    drain = [decode_line(t, 16 - i * 16 // 40, 0, 0.40) for i, t in enumerate(at[20:])]
+    result = run(decode_lines_only("\n".join([*startup(cap=16), *steady, *drain])))
+    busy_part = run(decode_lines_only("\n".join([*startup(cap=16), *steady])))
+    assert result.verdict == busy_part.verdict != "starved", result.headline
+    assert result.load is not None and (result.load.lines, result.load.drain_lines) == (23, 37)
+    assert (result.load.running.median, result.load.queued.median) == (16, 3)
+    evidence = " ".join(result.evidence)
+    assert "37 decode lines at the end of the log, running falling with nothing queued, are the " in evidence
+    assert "no Prefill batch lines in the log" in evidence
+
+
+def test_the_real_log_filtered_to_decode_lines_leaves_its_falling_end_out() -> None:
+    """The real CPU server's log, decode lines only: its last lines (6 running falling to 2, none
+    queued) are its drain; the first three (still 6) may be a server kept at 6, so they count."""
+    whole = run((REAL / "server_main.log").read_text())
+    decode_only = run(decode_lines_only((REAL / "server_main.log").read_text()))
+    assert whole.load is not None and decode_only.load is not None
+    assert whole.load.lines + whole.load.drain_lines == decode_only.load.lines + decode_only.load.drain_lines
+    assert decode_only.load.drain_lines == 4 and decode_only.load.running.low == 6
+    assert decode_only.verdict == whole.verdict == "kv_bound"
+    assert not any("no Prefill batch lines" in line for line in whole.evidence)
+
+
+def test_a_decode_only_log_at_a_steady_count_has_no_drain() -> None:
+    """Without admissions in the log, a flat running count with nothing queued (a client keeping
+    exactly that many in flight) is no drain, nor a count that rises again at the end."""
+    flat = decode_lines_only(synthetic([(8, 0, 0.20)] * 10, step_s=10))
+    assert (load := run(flat).load) is not None and load.drain_lines == 0
+    rising = decode_lines_only(synthetic([(8, 0, 0.20)] * 8 + [(6, 0, 0.20), (7, 0, 0.20)], step_s=10))
+    assert (load := run(rising).load) is not None and load.drain_lines == 0
+
+
 def test_a_log_of_nothing_but_the_drain_is_too_short_to_tell() -> None:
     at = [START + timedelta(seconds=2 * i) for i in range(60)]
     drain = [decode_line(t, 60 - i, 0, 0.40) for i, t in enumerate(at)]
