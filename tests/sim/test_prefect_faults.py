@@ -1,19 +1,31 @@
-"""Prefect failing never costs a row: a temporary server that will not start, an API down or gone."""
+"""Prefect failing never costs a row: a temporary server that will not start, an API down or gone;
+and Prefect's temporary server never outlives the run that started it, however the run ends."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from pipeline_support import check_run, children, datagen, wait_for_rows, write_config, write_prompts
+from forked_runs import alive
+from pipeline_support import (
+    check_run,
+    children,
+    datagen,
+    kill_group,
+    rows_on_disk,
+    wait_for_rows,
+    write_config,
+    write_prompts,
+)
 
 from sglang_launch.ports import free_port
 from sglang_launch.simulator import SimConfig, SimulatorProcess
@@ -23,6 +35,7 @@ NOT_UPDATED = "the Prefect UI is not"
 TEMPORARY_SERVER = b"prefect.server.api.server:create_app"
 STOP_BOUND_S = 20.0  # measured: about 2 s on the 2 shared cores; generous for a loaded CI box
 UVICORN_ARGS = ("--host", "127.0.0.1", "--log-level", "error")
+ORPHAN_BOUND_S = 10.0  # how long the temporary server may outlive a run killed with SIGKILL
 
 
 def _without_prefect_api(home: Path, **extra: str) -> dict[str, str]:
@@ -186,3 +199,116 @@ def test_the_api_going_away_mid_run_costs_no_row_and_is_said_once(tmp_path: Path
     assert text.count(NOT_UPDATED) == 1 and "Traceback" not in text
     check = check_run(tmp_path / "gone")
     assert before < 1500 and len(check.row_ids) == 1500 and check.duplicates == 0
+
+
+def _kill_process(pid: int) -> None:
+    """``kill -9 PID``: the run's process alone."""
+    os.kill(pid, signal.SIGKILL)
+
+
+def _kill_process_group(pid: int) -> None:
+    """SIGKILL to the run's whole process group, as a closing terminal does (SIGHUP, then nothing)."""
+    os.killpg(pid, signal.SIGKILL)
+
+
+def _port_of(server: int) -> int:
+    """The port in the temporary server's command line (Prefect picks one at random, 8000-8999)."""
+    argv = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+    return int(argv[argv.index(b"--port") + 1])
+
+
+def _listened_on(port: int) -> bool:
+    """Whether a socket listens on ``port``: a new server (uvicorn binds with SO_REUSEADDR, which a
+    closed server's lingering connections do not block) could not take it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
+def _temporary_servers(home: Path) -> list[int]:
+    """The live temporary servers of Prefect home ``home``, whoever their parent is now (a killed
+    run's server is adopted by init)."""
+    mine = b"\0PREFECT_HOME=" + bytes(home) + b"\0"
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            ours = TEMPORARY_SERVER in (proc / "cmdline").read_bytes()
+            ours = ours and mine in b"\0" + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if ours and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def _killed_mid_run(
+    args: list[str], env: dict[str, str], run_dir: Path, kill: Callable[[int], None]
+) -> float:
+    """One life of `datagen ARGS` under the temporary server, killed by ``kill(pid)`` once its rows
+    reach disk; returns the seconds its server lived on."""
+    before = rows_on_disk(run_dir)
+    run = datagen(*args, env=env)
+    try:
+        wait_for_rows(run_dir, before + 50, run, timeout_s=180)
+        (server,) = children(run.pid, TEMPORARY_SERVER)
+        port = _port_of(server)
+        assert _listened_on(port)
+        kill(run.pid)
+        killed = time.monotonic()
+        while alive(server) and time.monotonic() - killed < ORPHAN_BOUND_S:
+            time.sleep(0.05)
+        lived_s = time.monotonic() - killed
+    finally:
+        kill_group(run)
+    assert not alive(server), (
+        f"the temporary server (pid {server}) outlived the killed run by {lived_s:.0f} s"
+    )
+    assert not _listened_on(port), f"port {port} still taken after the temporary server exited"
+    return lived_s
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_leaves_no_temporary_server_and_the_same_command_finishes(
+    tmp_path: Path,
+) -> None:
+    """The temporary server runs in its own session (for Ctrl-C, above), out of reach of a SIGKILL to
+    the run's process group: an orphan would hold its port and Prefect's database for ever, one more
+    per killed scheduled run. Linux sends it SIGTERM when the run dies (its death signal). A first
+    life is killed alone (``kill -9 PID``), a second with its whole group (a terminal closing); each
+    time the server must exit within seconds and free its port, and the same command start a new
+    server (no port in use, no lock left) and finish with every prompt once."""
+    home = tmp_path / "home"
+    try:
+        with SimulatorProcess(SimConfig(**{**FAST, "time_scale": 0.1})) as sim:
+            config = _config(tmp_path, "killed", sim.url, 1500)
+            env = _without_prefect_api(home)
+            run_dir = tmp_path / "killed"
+            alone_s, group_s = (
+                _killed_mid_run(["run", str(config)], env, run_dir, kill)
+                for kill in (_kill_process, _kill_process_group)
+            )
+            partial = check_run(run_dir)
+            last = datagen("run", str(config), env=env)
+            try:
+                out, _ = last.communicate(timeout=300)
+            finally:
+                kill_group(last)
+    finally:  # a failure leaves no server behind either
+        for server in _temporary_servers(home):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server, signal.SIGKILL)  # the leader of a session of its own
+    text = out.decode()
+    assert last.returncode == 0, text[-3000:]
+    assert 0 < len(partial.row_ids) < 1500 and partial.duplicates == 0
+    final = check_run(run_dir)
+    assert len(final.row_ids) == 1500 and final.duplicates == 0 and final.corrupt_files == []
+    assert "were already done" in text and "Traceback" not in text
+    server_output = (home / "temporary-server.log").read_text()
+    assert "address already in use" not in server_output and "database is locked" not in server_output
+    print(
+        f"temporary server gone {alone_s:.2f} s after kill -9 PID, {group_s:.2f} s after kill -9 of the group"
+    )
