@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import os
 import signal
 import subprocess
 import sys
@@ -64,20 +65,28 @@ def _new_server_log() -> Path:
     return log_path
 
 
-def _stop_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGTERM the child when its parent thread ends (None elsewhere)."""
+def _stop_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when its parent thread ends (None elsewhere).
+
+    The request is made in the child, after the fork: a parent ``kill -9``-ed in between would leave
+    it unheard and the server orphaned for good, so the child then stops itself the same way. Its
+    parent is gone when it is not ``parent`` (the pid of the process that forks it) any more."""
     if not sys.platform.startswith("linux"):
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
 
     def set_death_signal() -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request: it will never be heard
+            os.kill(os.getpid(), signal.SIGTERM)
 
     return set_death_signal
 
 
-_in_own_session = functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=_stop_with_parent())
-"""``subprocess.Popen`` of a child in a session of its own, stopped with its parent thread."""
+def _in_own_session(command: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` of a child in a session of its own, stopped with its parent thread."""
+    stop = _stop_with_parent(os.getpid())
+    return subprocess.Popen(command, start_new_session=True, preexec_fn=stop, **kwargs)
 
 
 class _Subprocess:

@@ -143,3 +143,25 @@ def test_each_start_of_the_temporary_server_keeps_its_own_output_and_the_previou
     assert log.read_text().splitlines() == ["third start"]
     assert log.with_name(log.name + ".1").read_text().splitlines() == ["second start"]
     assert sorted(path.name for path in tmp_path.iterdir()) == [log.name, log.name + ".1"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is Linux's")
+def test_a_server_forked_as_its_parent_dies_stops_itself_and_one_whose_parent_lives_runs() -> None:
+    """The death signal is asked for in the child, after the fork: a run ``kill -9``-ed in between is
+    never heard of, and its temporary server (in a session of its own) would live on for good. A
+    parent pid that is not the child's parent stands in for the parent gone by then."""
+    import os
+    import signal
+    import subprocess
+
+    from flows.orchestration.temporary_server import _stop_with_parent
+
+    orphaned = subprocess.Popen(["sleep", "30"], preexec_fn=_stop_with_parent(os.getpid() + 1_000_000))
+    assert orphaned.wait(timeout=10) == -signal.SIGTERM
+    kept = subprocess.Popen(["sleep", "30"], preexec_fn=_stop_with_parent(os.getpid()))
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            kept.wait(timeout=1)
+    finally:
+        kept.kill()
+        kept.wait()
