@@ -16,6 +16,7 @@ what came, offline).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -44,6 +45,9 @@ class CategoryDemand:
     completions: int = 0
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_ANSWERS))
     """The last answers' output tokens, oldest first."""
+    earlier: int = 0
+    """Answers of the run's earlier starts among ``recent`` (``seed``): they fade the prior as this
+    start's own answers do."""
     _lengths: AnswerLengths | None = field(default=None, init=False, repr=False)
 
     def expected_output(self) -> float:
@@ -55,7 +59,7 @@ class CategoryDemand:
         answer (one snapshot between two answers: every request in flight of the category shares
         it)."""
         if self._lengths is None:
-            prior = PRIOR_ANSWERS * PRIOR_DECAY**self.completions
+            prior = PRIOR_ANSWERS * PRIOR_DECAY ** (self.completions + self.earlier)
             self._lengths = AnswerLengths.learn(self.recent, 1.0 - ALPHA, self.max_tokens, prior)
         return self._lengths
 
@@ -76,6 +80,19 @@ class CategoryDemand:
             self.lengths(),
         )
 
+    def seed(self, answers: Sequence[int]) -> None:
+        """Start from the lengths of the run's latest answers before this start (oldest first, read
+        from its rows: ``RunStore.recent_answers``), as if this start had learned them.
+
+        Without them a resume, like a fresh run, counts every request at its cap (or ``PRIOR_CLIP``)
+        until about fifty answers have come back: a batch of answers averaging half their cap ran
+        half what fits for the first request lives of every start. The prompts' ratio of characters
+        to tokens is not seeded (the rows do not keep the characters sent): the first answer of this
+        start sets it, as in a fresh run."""
+        self.recent.extend(answers)
+        self.earlier = min(len(answers), RECENT_ANSWERS)
+        self._lengths = None
+
     def learn(self, prompt_chars: int, prompt_tokens: int, completion_tokens: int) -> None:
         self.completions += 1
         self.recent.append(completion_tokens)
@@ -91,7 +108,9 @@ class DemandModel:
 
     categories: dict[str, CategoryDemand] = field(default_factory=dict)
 
-    def category(self, name: str, max_tokens: int) -> CategoryDemand:
+    def category(self, name: str, max_tokens: int, earlier: Sequence[int] = ()) -> CategoryDemand:
+        """The category's demand, made on first use from the ``earlier`` answers of the run (``seed``)."""
         if name not in self.categories:
             self.categories[name] = CategoryDemand(max_tokens=max_tokens)
+            self.categories[name].seed(earlier)
         return self.categories[name]

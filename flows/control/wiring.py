@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,11 @@ class Control:
         self.holds.append(hold)
         return HeldLimit(law, hold)
 
-    def demand_for(self, category: str, max_tokens: int) -> CategoryDemand | None:
-        return self.demand.category(category, max_tokens) if self.demand is not None else None
+    def demand_for(
+        self, category: str, max_tokens: int, earlier: Sequence[int] = ()
+    ) -> CategoryDemand | None:
+        """The category's demand model (an adaptive run's), seeded with the run's ``earlier`` answers."""
+        return self.demand.category(category, max_tokens, earlier) if self.demand is not None else None
 
     async def run(self) -> None:
         """The controllers' and OOM holds' loops, and the timeline written every half minute."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from flows.client.sampling import SamplingParams
 from flows.config import CategoryConfig, RunConfig
+from flows.control.demand import RECENT_ANSWERS
 from flows.run.prompt_stream import StreamCounts
 from flows.run.pump import CategorySink, Tally
 from flows.store.run_store import CategoryState, RunStore, ShardWriter
@@ -51,6 +52,8 @@ class Categories:
         self.states: dict[str, CategoryState] = {}
         self.dedup = DedupIndex()
         self.loaded_at: float | None = None
+        self.earlier_answers: dict[str, list[int]] = {}
+        """Each category's latest answers before this start (an adaptive run's: ``CategoryDemand.seed``)."""
 
     def get(self, name: str) -> CategoryRun:
         if name not in self.runs:
@@ -69,7 +72,8 @@ class Categories:
         return self.runs[name]
 
     def load_states(self) -> None:
-        """Read what every category already has, and claim its prompts for cross-category dedup.
+        """Read what every category already has, and claim its prompts for cross-category dedup;
+        for an adaptive run, its latest answers' lengths too.
 
         All categories are read before any streams, so a prompt already answered in one category is
         never asked again in another on resume, whatever order the categories then run in. The index
@@ -82,6 +86,11 @@ class Categories:
             self.states[category.name] = state
             for key in state.prompt_hashes:
                 self.dedup.claim(key, category.name)
+            if self.config.concurrency.adaptive and state.row_ids:
+                max_tokens = sampling_for(self.config, category).max_tokens
+                self.earlier_answers[category.name] = self.store.recent_answers(
+                    category.name, max_tokens, RECENT_ANSWERS
+                )
 
     def tallies(self) -> dict[str, Tally]:
         return {name: run.sink.tally for name, run in self.runs.items()}

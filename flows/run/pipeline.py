@@ -115,7 +115,9 @@ class Pipeline:
             sampling=run.sampling,
             sink=run.sink,
             patience=self.session.patience,
-            demand=self.session.control.demand_for(category, run.sampling.max_tokens),
+            demand=self.session.control.demand_for(
+                category, run.sampling.max_tokens, self.session.categories.earlier_answers.get(category, ())
+            ),
             before_first=self._start.wait,
             after_last=self._sent.pop((category, index), None),
         )

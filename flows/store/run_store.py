@@ -313,6 +313,15 @@ class CategoryState:
         return (self.final_reject_ids | self.retryable_reject_ids) - self.row_ids
 
 
+def _asked_cap(sampling: str | None) -> int | None:
+    """The ``max_tokens`` a row's request was sent with (its ``sampling`` column), None if unreadable."""
+    try:
+        cap = json.loads(sampling or "{}").get("max_tokens")
+    except (ValueError, AttributeError):
+        return None
+    return cap if isinstance(cap, int) else None
+
+
 def key_version(manifest: dict[str, Any] | None) -> int:
     """The run's dedup key version: the new one for a run not made yet, the first for a manifest
     written before the key had versions."""
@@ -557,6 +566,35 @@ class RunStore:
             ):
                 state.add_reject(rid, retryable, key, stage)
         return state
+
+    def recent_answers(self, category: str, max_tokens: int, count: int) -> list[int]:
+        """Output tokens of the category's latest ``count`` answers asked with ``max_tokens`` in one
+        request, oldest first: what the adaptive law learns answers' lengths from, for a resume to
+        start from them rather than from every answer at its cap (``CategoryDemand.seed``).
+
+        Read from the newest shards back, only as many as hold them. An answer asked with another cap
+        (the config's was changed, or a long prompt's was lowered to fit the context) or in several
+        requests (a multi-turn regeneration: its usage is the sum) says nothing of one request's
+        length under this cap, so it is left out."""
+        answers: list[int] = []
+        for path in reversed(self.shard_files(self.data_dir(category))):
+            table = self._read_columns(path, ["usage", "requests", "sampling"])
+            if table is None:
+                continue
+            rows = zip(
+                table.column("usage").combine_chunks().field("completion_tokens").to_pylist(),
+                table.column("requests").to_pylist(),
+                table.column("sampling").to_pylist(),
+                strict=True,
+            )
+            answers.extend(
+                tokens
+                for tokens, requests, sampling in reversed(list(rows))
+                if requests == 1 and tokens is not None and _asked_cap(sampling) == max_tokens
+            )
+            if len(answers) >= count:
+                break
+        return answers[:count][::-1]
 
     def categories_on_disk(self) -> list[str]:
         names: set[str] = set()

@@ -44,3 +44,30 @@ def test_the_prompt_ratio_is_learned_from_the_servers_counts() -> None:
         demand.learn(prompt_chars=600, prompt_tokens=300, completion_tokens=64)  # 2 characters a token
     assert abs(demand.chars_per_token - 2.0) < 0.1
     assert abs(demand.prompt_tokens(600) - 300) < 15
+
+
+def test_a_resume_projects_from_the_runs_earlier_answers_not_from_the_cap() -> None:
+    cold = DemandModel().category("short", max_tokens=4096)
+    warm = DemandModel().category("short", max_tokens=4096, earlier=[900, 1100] * 64)
+    assert cold.expected_output() == 4096
+    # 128 earlier answers fade the prior as 128 of this start's would: about 7 % of the weight left
+    assert 1000 < warm.expected_output() < 1300
+    assert 0.05 < warm.lengths().at_least(np.array([1101.0]))[0] < 0.09
+    like_a_live_start = CategoryDemand(max_tokens=4096)
+    for tokens in [900, 1100] * 64:
+        like_a_live_start.learn(prompt_chars=400, prompt_tokens=100, completion_tokens=tokens)
+    assert abs(warm.expected_output() - like_a_live_start.expected_output()) < 1.0
+
+
+def test_few_earlier_answers_leave_most_of_the_prior_and_the_prompt_ratio_is_this_starts() -> None:
+    warm = DemandModel().category("short", max_tokens=4096, earlier=[100] * 10)
+    assert warm.expected_output() > 2500  # ten answers are no more proof than ten of a fresh start
+    warm.learn(prompt_chars=600, prompt_tokens=300, completion_tokens=100)
+    assert warm.chars_per_token == 2.0  # the first answer of this start sets the ratio at once
+
+
+def test_a_categorys_demand_is_seeded_once_when_it_is_made() -> None:
+    model = DemandModel()
+    first = model.category("c", max_tokens=256, earlier=[64] * 128)
+    assert model.category("c", max_tokens=256, earlier=[256] * 128) is first
+    assert first.expected_output() < 100

@@ -323,3 +323,49 @@ def test_two_processes_rewriting_one_file_never_rename_away_each_others_temporar
     assert [proc.returncode for proc in procs] == [0, 0], errors
     assert json.loads(target.read_text())["i"] == 299
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def _answer(rid: str, tokens: int, cap: int = 256, requests: int = 1) -> dict:
+    row = _row(rid)
+    row["usage"] = {**row["usage"], "completion_tokens": tokens}
+    row["sampling"] = json.dumps({"max_tokens": cap, "temperature": 0.7, "top_p": 1.0})
+    row["requests"] = requests
+    return row
+
+
+def test_a_resume_reads_the_latest_single_request_answers_under_its_cap_oldest_first(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    store.open_run("fp", {})
+    shards = [
+        [_answer("a", 10), _answer("b", 20)],
+        [_answer("c", 30), _answer("d", 999, cap=1024), _answer("e", 40, requests=3)],
+        [_answer("f", 50), _answer("g", 60)],
+    ]
+    for rows in shards:
+        store.row_writer("c", flush_rows=10, flush_seconds=60).write(rows)
+        time.sleep(0.002)  # shard names order by their millisecond
+    # another cap (a changed config, a cap lowered to fit the context) and a multi-turn row's summed
+    # usage say nothing of one request's answer under this cap
+    assert store.recent_answers("c", 256, 100) == [10, 20, 30, 50, 60]
+    assert store.recent_answers("c", 256, 3) == [30, 50, 60]  # the newest, still oldest first
+    assert store.recent_answers("c", 1024, 100) == [999]
+    assert store.recent_answers("other", 256, 100) == []
+
+
+def test_reading_the_latest_answers_stops_at_the_shards_that_hold_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RunStore(tmp_path / "run")
+    store.open_run("fp", {})
+    for n in range(5):
+        store.row_writer("c", flush_rows=10, flush_seconds=60).write(
+            [_answer(f"{n}-{i}", n) for i in range(4)]
+        )
+        time.sleep(0.002)
+    read: list[str] = []
+    read_columns = store._read_columns
+    monkeypatch.setattr(
+        store, "_read_columns", lambda path, columns: read.append(path) or read_columns(path, columns)
+    )
+    assert store.recent_answers("c", 256, 6) == [3, 3, 4, 4, 4, 4]
+    assert len(read) == 2  # a week's run is not read whole at every start
