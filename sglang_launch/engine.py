@@ -65,6 +65,8 @@ class LaunchedEngine:
         self.attempts: list[LaunchAttempt] = []
         self.starting: Starting | None = None
         """Set while a start or restart is under way."""
+        self._placement: tuple[Path, Placement] | None = None
+        """The placement of the server now serving, with the log of its start it was read from."""
 
     def _running(self) -> ServerHandle:
         if self._handle is None:
@@ -106,8 +108,16 @@ class LaunchedEngine:
 
     def placement(self) -> Placement:
         """Where its server computes, from the environment it was started with and the
-        ``server_args`` its log echoes (the server serves: the log has them)."""
-        return Placement.launched(self._cfg, self._running().log_path, os.environ)
+        ``server_args`` its log echoes: read once per server start, the first time it is asked.
+
+        Each start has its own log, and a restart's process may be placed elsewhere: the log read is
+        that of the process serving now (the handle moves to a restart's once it serves, so its log
+        has its server_args). Asked at each search for the server's GPUs (the first, and after
+        each outage), it reads a start's log once, not a week's log again at every outage."""
+        log_path = self._running().log_path
+        if self._placement is None or self._placement[0] != log_path:
+            self._placement = (log_path, Placement.launched(self._cfg, log_path, os.environ))
+        return self._placement[1]
 
     def _attempting(self, log_path: Path) -> None:
         self.starting = Starting(self.starting.since if self.starting else time.monotonic(), log_path)

@@ -207,10 +207,11 @@ class EndpointGuard:
 class Endpoint:
     """What a limiter lane holds: the client to send with and the guard to recover with; and for its
     controller's OOM guard, where its free GPU memory is read (None: ``[concurrency] vram``), the
-    server's GPUs where the config names them, and where the run placed a server it launched."""
+    server's GPUs where the config names them, and for a server the run launched where it placed
+    the server serving now (read when asked: ``LaunchedEngine.placement``)."""
 
     client: EndpointClient
     guard: EndpointGuard
     vram: str | None = None
     gpus: frozenset[int] | None = None
-    placement: Placement | None = None
+    placement: Callable[[], Placement] | None = None

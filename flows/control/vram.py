@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import urllib.parse
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,7 +123,8 @@ class VramReader:
     ``relocate``: finding them walks /proc and lists every GPU's processes, too heavy for every tick.
     Where they cannot be found so, it reads those of ``placement`` (where the run launched the server
     itself: the lookup by port is exact, the placement only as sure as its CUDA device order), else
-    every GPU.
+    every GPU. ``placement`` is asked there only, of the server serving then: after a restart, the
+    new process's (``LaunchedEngine.placement`` reads each start's log once).
 
     An exporter is reached as the endpoint is (``endpoint_http``): directly, trusting ``ca_bundle``
     (the endpoint's) where given. It is on the server's node, which a proxy set for downloads does not
@@ -138,7 +139,7 @@ class VramReader:
         proc_root: Path = PROC,
         gpus: frozenset[int] | None = None,
         ca_bundle: str | None = None,
-        placement: Placement | None = None,
+        placement: Callable[[], Placement] | None = None,
     ) -> None:
         self.source = source
         self.server_url = server_url
@@ -223,7 +224,7 @@ class VramReader:
         try:
             gpus, why = server_gpus(port, self.proc_root)
             if gpus is None and self.placement is not None:
-                placed, how = self.placement.nvml_gpus(read_uuids())
+                placed, how = self.placement().nvml_gpus(read_uuids())
                 gpus, why = (placed, f"{how}: {why}") if placed is not None else (None, f"{why}; {how}")
         except GpuUnavailableError as error:
             gpus, why = None, str(error)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ def vram_reader(
     url: str,
     gpus: frozenset[int] | None = None,
     ca_bundle: str | None = None,
-    placement: Placement | None = None,
+    placement: Callable[[], Placement] | None = None,
 ) -> VramReader | None:
     """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly).
     It reads ``gpus`` (the endpoint's, where the config names them), else through NVML the GPUs of

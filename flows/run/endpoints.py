@@ -50,7 +50,7 @@ class Target:
     ca_bundle: str | None = None
     vram: str | None = None
     gpus: frozenset[int] | None = None
-    placement: Placement | None = None
+    placement: Callable[[], Placement] | None = None
 
 
 async def _api_key(target: Target, secrets: SecretLoader | None) -> str | None:
@@ -135,8 +135,8 @@ class EndpointPool:
             self.engine = LaunchedEngine(server)
             await asyncio.to_thread(self.engine.ensure_running)
             # its GPUs are found by the OOM guard's lookup by port (the server is this process's
-            # child), else where the run placed it: in a container NVML lists host pids
-            placement = await asyncio.to_thread(self.engine.placement)
+            # child), else where the run placed it (in a container NVML lists host pids): asked
+            # there, of the server serving then, and by no run without an OOM guard
             targets.append(
                 Target(
                     self.engine.url,
@@ -144,7 +144,7 @@ class EndpointPool:
                     server.api_key_env,
                     False,
                     self.engine,
-                    placement=placement,
+                    placement=self.engine.placement,
                 )
             )
         for endpoint in self.config.endpoints:

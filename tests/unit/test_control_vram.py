@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,8 +26,10 @@ from flows.report.summary import concurrency_markdown
 from flows.run import endpoints as endpoints_module
 from flows.run.endpoints import EndpointPool
 from flows.run.served import Listing
+from sglang_launch import engine as engine_module
 from sglang_launch import port_owner
 from sglang_launch.gpu import GpuUnavailableError
+from sglang_launch.launcher import LaunchAttempt
 from sglang_launch.placement import Placement
 from sglang_launch.server_config import ServerConfig
 
@@ -259,7 +261,7 @@ async def test_a_launched_servers_placement_reaches_its_oom_guard(
     control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
     try:
         readers = {c.url: c.vram for c in control.controllers}
-        assert {url: r.placement if r else r for url, r in readers.items()} == {
+        assert {url: r.placement() if r and r.placement else None for url, r in readers.items()} == {
             "http://127.0.0.1:30000": placement,
             "http://127.0.0.1:30001": None,
         }
@@ -491,7 +493,7 @@ async def test_in_a_container_a_launched_servers_guard_reads_the_gpus_the_run_pl
         "nvml",
         server_url="http://127.0.0.1:30000",
         proc_root=fake_proc(tmp_path),
-        placement=launched(tmp_path, env, environ, args),
+        placement=lambda: launched(tmp_path, env, environ, args),
     )
     assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {2, 3}
     [line] = [r.getMessage() for r in caplog.records]
@@ -508,7 +510,10 @@ async def test_a_launched_server_placed_by_cuda_indices_in_cudas_own_order_is_gu
     caplog.set_level(logging.INFO, logger=vram_module.__name__)
     placement = launched(tmp_path, {"CUDA_VISIBLE_DEVICES": "2,3"}, {}, "'tp_size': 2")
     reader = VramReader(
-        "nvml", server_url="http://127.0.0.1:30000", proc_root=fake_proc(tmp_path), placement=placement
+        "nvml",
+        server_url="http://127.0.0.1:30000",
+        proc_root=fake_proc(tmp_path),
+        placement=lambda: placement,
     )
     assert await reader.read() == VramSample(int(0.2 * GIB), GPU_TOTAL) and reader.gpus is None
     [line] = [r.getMessage() for r in caplog.records]
@@ -520,17 +525,151 @@ async def test_a_launched_server_placed_by_cuda_indices_in_cudas_own_order_is_gu
 async def test_the_lookup_by_port_comes_before_the_launched_servers_placement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The processes found on the port are exact: the placement is only where they are not found."""
+    """The processes found on the port are exact: the placement is only where they are not found, and
+    not read where they are."""
     busy_node().install(monkeypatch)
     caplog.set_level(logging.INFO, logger=vram_module.__name__)
-    placement = launched(
-        tmp_path, {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {}, "'tp_size': 2"
-    )
+    asked: list[Placement] = []
+
+    def placement() -> Placement:
+        asked.append(
+            launched(
+                tmp_path,
+                {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+                {},
+                "'tp_size': 2",
+            )
+        )
+        return asked[-1]
+
     reader = VramReader(
         "nvml", server_url="http://127.0.0.1:30000", proc_root=fake_proc(tmp_path), placement=placement
     )
     assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {0, 1}
+    assert asked == []
     assert "those of the processes under the listener on port 30000" in caplog.records[0].getMessage()
+
+
+class StubServer:
+    """The handle of a server the run launched, without its process: each restart starts the next of
+    ``logs`` (a start has its own log, whose server_args say where SGLang placed its ranks)."""
+
+    url = "http://127.0.0.1:30000"
+    pid = 4242
+    max_total_num_tokens = None
+
+    def __init__(self, logs: list[Path]) -> None:
+        self.logs = logs
+        self.log_path = logs[0]
+        self.up = True
+
+    def alive(self) -> bool:
+        return self.up
+
+    def restart(self) -> list[LaunchAttempt]:
+        self.log_path = self.logs[self.logs.index(self.log_path) + 1]
+        self.up = True
+        return [LaunchAttempt(2, None, "ready", 1.0, self.log_path)]
+
+    def stop(self) -> None:
+        self.up = False
+
+
+def launched_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vram: str, args: list[str]
+) -> tuple[RunConfig, StubServer, list[Path]]:
+    """A run that launches its server (``[server] env`` CUDA_VISIBLE_DEVICES=2,3 in PCI bus order),
+    started by the real ``LaunchedEngine`` on a stub: its first start logs server_args ``args[0]``,
+    each restart the next. Returns the config, the server, and the logs read for a placement."""
+    logs = []
+    for number, arg in enumerate(args, 1):
+        logs.append(tmp_path / f"sglang-30000-20261207-attempt{number}.log")
+        logs[-1].write_text(f"[2026-12-07 14:06:36] server_args={{'model_path': '/m', {arg}}}\n")
+    server = StubServer(logs)
+    attempt = LaunchAttempt(1, None, "ready", 1.0, logs[0])
+    monkeypatch.setattr(engine_module, "launch_with_ladder", lambda cfg, on_attempt: (server, [attempt]))
+    read: list[Path] = []
+
+    class Counted(Placement):
+        @classmethod
+        def launched(cls, cfg: ServerConfig, log_path: Path, environ: Mapping[str, str]) -> Placement:
+            read.append(log_path)
+            return Placement.launched(cfg, log_path, environ)
+
+    monkeypatch.setattr(engine_module, "Placement", Counted)
+    monkeypatch.setattr(wiring, "nvml_works", lambda: True)
+    config = parse_config(
+        {
+            "run": {"name": "launched", "output_dir": str(tmp_path)},
+            "server": {
+                "launch": True,
+                "model_path": "/m",
+                "served_model_name": "m",
+                "env": {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+            },
+            "concurrency": {"vram": vram},
+            "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
+        }
+    )
+    return config, server, read
+
+
+async def test_a_launched_servers_placement_is_read_at_the_guards_fallback_and_followed_across_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a container (NVML lists the host's pids): the run placed its server on GPUs 2-3 (tp 2), and
+    after a crash SGLang's restart placed it on GPU 3 alone (its new log's server_args). The placement
+    was read once, as the endpoint was set up, and the guard kept reading GPUs 2-3 for the new
+    process. It is read where the lookup by port finds nothing, once per server start: not at every
+    reading, nor at every search for the server's GPUs."""
+    container_node().install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    config, server, read = launched_run(
+        tmp_path, monkeypatch, "auto", ["'tp_size': 2", "'tp_size': 1, 'base_gpu_id': 1"]
+    )
+    pool = await _opened(config, monkeypatch)
+    assert read == []  # nothing asks for it yet
+    control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
+    [reader] = [c.vram for c in control.controllers]
+    assert reader is not None
+    reader.proc_root = fake_proc(tmp_path / "proc")
+    try:
+        for _ in range(3):
+            assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {2, 3}
+        reader.relocate()  # an outage without a restart: the same server, its placement not read again
+        assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and read == server.logs[:1]
+        server.up = False  # it crashed: the guard's wait restarts it, the controller looks again
+        assert pool.engine is not None and await asyncio.to_thread(pool.engine.ensure_running)
+        reader.relocate()
+        assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {3}
+        assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and read == server.logs
+    finally:
+        await control.aclose()
+        await pool.aclose()
+    lines = [r.getMessage() for r in caplog.records if r.name == vram_module.__name__]
+    assert [line.split(", where")[0] for line in lines] == [
+        "http://127.0.0.1:30000: the OOM guard reads GPU 2,3",
+        "http://127.0.0.1:30000: the OOM guard reads GPU 2,3",
+        "http://127.0.0.1:30000: the OOM guard reads GPU 3",
+    ]
+    assert "(CUDA device 1 of CUDA_VISIBLE_DEVICES=2,3, CUDA_DEVICE_ORDER=PCI_BUS_ID)" in lines[-1]
+
+
+@pytest.mark.parametrize("vram", ["off", "auto"])
+async def test_a_launched_servers_placement_is_not_read_where_no_oom_guard_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vram: str
+) -> None:
+    """``vram = "off"``, or ``auto`` on a machine without an NVIDIA GPU: no OOM guard, and its log was
+    read at every start for nothing."""
+    config, _, read = launched_run(tmp_path, monkeypatch, vram, ["'tp_size': 2"])
+    monkeypatch.setattr(wiring, "nvml_works", lambda: False)
+    pool = await _opened(config, monkeypatch)
+    control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
+    try:
+        assert [c.vram for c in control.controllers] == [None] and read == []
+    finally:
+        await control.aclose()
+        await pool.aclose()
 
 
 async def test_after_a_restart_the_server_is_found_again_and_kept_while_it_is_not_listening(
