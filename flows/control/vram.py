@@ -59,39 +59,55 @@ class MissingGpus(ValueError):
     """A DCGM exporter has no series for a GPU the endpoint's ``gpus`` names."""
 
 
+@dataclass(frozen=True)
+class DcgmSeries:
+    """Whose memory one of a DCGM exporter's series is: its ``gpu`` label (DCGM's number of the GPU,
+    nvidia-smi's on its node), and for a GPU in MIG mode, which has a series per GPU instance (each
+    with the GPU's labels), the instance's ``GPU_I_ID``."""
+
+    gpu: str
+    instance: str | None
+
+
 def parse_dcgm(text: str, gpus: Collection[int] | None = None) -> VramSample | None:
-    """A DCGM exporter's metrics (framebuffer sizes in MiB, one series per ``gpu`` label): the
-    tightest of the GPUs ``gpus`` names (nvidia-smi's numbers, as the label), or of every GPU.
+    """A DCGM exporter's metrics (framebuffer sizes in MiB, one series per ``gpu`` label, or per MIG
+    instance): the tightest of the GPUs ``gpus`` names (nvidia-smi's numbers, as the label), or of
+    every GPU.
 
     A named GPU without a series raises :class:`MissingGpus`: the tightest of the others could be
     another server's (``gpus`` counted in a CUDA_VISIBLE_DEVICES, or the exporter of another node)."""
     memory = _dcgm_memory(text)
     if gpus is None:
         return tightest(list(memory.values()))
-    missing = [str(index) for index in sorted(gpus) if str(index) not in memory]
+    listed = {series.gpu for series in memory}
+    missing = [str(index) for index in sorted(gpus) if str(index) not in listed]
     if missing:
-        listed = ",".join(sorted(memory, key=lambda label: (len(label), label))) or "none"
+        listing = ",".join(sorted(listed, key=lambda label: (len(label), label))) or "none"
         raise MissingGpus(
             f"has no DCGM_FI_DEV_FB_FREE series for GPU {','.join(missing)} of the endpoint's gpus "
-            f"(it lists GPU {listed}): gpus are nvidia-smi's numbers of the server's GPUs, on the "
+            f"(it lists GPU {listing}): gpus are nvidia-smi's numbers of the server's GPUs, on the "
             "node whose exporter this is"
         )
-    return tightest([memory[str(index)] for index in gpus])
+    named = {str(index) for index in gpus}
+    return tightest([reading for series, reading in memory.items() if series.gpu in named])
 
 
-def _dcgm_memory(text: str) -> dict[str, tuple[int, int]]:
-    """``gpu`` label -> (free, total) bytes. A value that is no size (NaN, ±Inf, below zero) leaves
-    its series out: an infinite one raised at every tick, a negative one read as the tightest GPU."""
-    free: dict[str, float] = {}
-    used: dict[str, float] = {}
-    reserved: dict[str, float] = {}
+def _dcgm_memory(text: str) -> dict[DcgmSeries, tuple[int, int]]:
+    """(free, total) bytes of each series. A value that is no size (NaN, ±Inf, below zero) leaves
+    its series out: an infinite one raised at every tick, a negative one read as the tightest GPU.
+    A MIG instance is a series of its own: read as one series per GPU, the last instance listed
+    stood for its GPU."""
+    free: dict[DcgmSeries, float] = {}
+    used: dict[DcgmSeries, float] = {}
+    reserved: dict[DcgmSeries, float] = {}
     wanted = {"DCGM_FI_DEV_FB_FREE": free, "DCGM_FI_DEV_FB_USED": used, "DCGM_FI_DEV_FB_RESERVED": reserved}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in wanted and math.isfinite(sample.value) and sample.value >= 0:
-                wanted[sample.name][sample.labels.get("gpu", "0")] = sample.value
-    totals = {gpu: f + used.get(gpu, 0.0) + reserved.get(gpu, 0.0) for gpu, f in free.items()}
-    return {gpu: (int(f * MIB), int(totals[gpu] * MIB)) for gpu, f in free.items()}
+                series = DcgmSeries(sample.labels.get("gpu", "0"), sample.labels.get("GPU_I_ID"))
+                wanted[sample.name][series] = sample.value
+    totals = {series: f + used.get(series, 0.0) + reserved.get(series, 0.0) for series, f in free.items()}
+    return {series: (int(f * MIB), int(totals[series] * MIB)) for series, f in free.items()}
 
 
 def server_gpus(port: int, proc_root: Path = PROC) -> tuple[frozenset[int] | None, str]:

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,19 +34,65 @@ from sglang_launch.launcher import LaunchAttempt
 from sglang_launch.placement import Placement
 from sglang_launch.server_config import ServerConfig
 
-DCGM = """# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
-# TYPE DCGM_FI_DEV_FB_FREE gauge
-DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",modelName="NVIDIA H200"} 9000
-DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-b",modelName="NVIDIA H200"} 1200
-# TYPE DCGM_FI_DEV_FB_USED gauge
-DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a",modelName="NVIDIA H200"} 134000
-DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-b",modelName="NVIDIA H200"} 141800
-# TYPE DCGM_FI_DEV_FB_RESERVED gauge
-DCGM_FI_DEV_FB_RESERVED{gpu="0",UUID="GPU-a",modelName="NVIDIA H200"} 400
-DCGM_FI_DEV_FB_RESERVED{gpu="1",UUID="GPU-b",modelName="NVIDIA H200"} 400
-# TYPE DCGM_FI_DEV_GPU_UTIL gauge
-DCGM_FI_DEV_GPU_UTIL{gpu="0"} 98
-"""
+UUIDS = [
+    "GPU-5d9c1a2e-0b3f-4c1d-8e2a-7f6b5c4d3e2f",
+    "GPU-a17e4b90-2c6d-4e8f-9a1b-3c5d7e9f1a2b",
+    "GPU-3f8e2d1c-4b5a-6978-8a9b-0c1d2e3f4a5b",
+    "GPU-c0de4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f",
+]
+"""NVML's UUIDs of the fakes' GPUs, by index."""
+NODE_UUIDS = [
+    "GPU-0e6b2f91-7c4a-4d8e-b1f3-92a5c7d0e4b6",
+    "GPU-61c8d3a0-5e2f-4b97-8a06-d4f1e9c2b375",
+    "GPU-b4f07e2d-193c-4a6b-9d58-0c7e3a1f6b24",
+    "GPU-e85a1c3f-2d7b-4f09-a6e4-3b9d0c5f8a17",
+    *UUIDS,
+]
+"""The UUIDs of an 8-GPU node by nvidia-smi's numbers there; a container given its GPUs 4-7 sees
+them as 0-3 (``UUIDS``)."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One series of a dcgm-exporter: its GPU (or MIG instance) and its framebuffer sizes in MiB."""
+
+    gpu: int
+    uuid: str
+    free: float | str
+    used: float
+    mig: tuple[str, int] | None = None
+    """A MIG instance's GPU_I_PROFILE and GPU_I_ID: a series each, with its GPU's gpu and UUID."""
+    uuid_label: str | None = "UUID"
+    """``uuid`` under ``--use-old-namespace``; None where relabelling dropped it."""
+
+    def labels(self) -> str:
+        """In the exporter's order: gpu, UUID, pci_bus_id, device, modelName, a MIG instance's two,
+        Hostname (``hostname`` since 2026), then its label fields (the driver's version)."""
+        labels = [f'gpu="{self.gpu}"']
+        labels += [f'{self.uuid_label}="{self.uuid}"'] if self.uuid_label else []
+        labels += [f'pci_bus_id="00000000:{0x18 + 0x10 * self.gpu:02X}:00.0"', f'device="nvidia{self.gpu}"']
+        labels.append('modelName="NVIDIA H200"')
+        labels += [f'GPU_I_PROFILE="{self.mig[0]}"', f'GPU_I_ID="{self.mig[1]}"'] if self.mig else []
+        return ",".join([*labels, 'Hostname="node-b"', 'DCGM_FI_DRIVER_VERSION="570.86.15"'])
+
+
+def exporter_metrics(*series: Exported) -> str:
+    """What dcgm-exporter's /metrics says of ``series`` (400 MiB reserved each), among other fields."""
+    families = {
+        "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).", lambda s: s.free),
+        "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).", lambda s: s.used),
+        "DCGM_FI_DEV_FB_RESERVED": ("Framebuffer memory reserved (in MiB).", lambda s: 400),
+        "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", lambda s: 98),
+    }
+    lines = []
+    for name, (about, value) in families.items():
+        lines += [f"# HELP {name} {about}", f"# TYPE {name} gauge"]
+        lines += [f"{name}{{{s.labels()}}} {value(s)}" for s in series]
+    return "\n".join(lines) + "\n"
+
+
+DCGM = exporter_metrics(Exported(0, NODE_UUIDS[0], 9000, 134000), Exported(1, NODE_UUIDS[1], 1200, 141800))
+"""An exporter of two GPUs: GPU 0 with room, GPU 1 nearly full."""
 
 
 def test_dcgm_reading_is_the_tightest_gpu() -> None:
@@ -57,7 +104,7 @@ def test_dcgm_reading_is_the_tightest_gpu() -> None:
 def test_a_dcgm_value_that_is_no_memory_size_is_not_read_and_the_other_gpus_are(odd: str) -> None:
     """An infinite one raised OverflowError at every tick (the lane ran unsteered all run); a
     negative one read as the tightest GPU, an OOM back-off at every tick."""
-    text = DCGM.replace('modelName="NVIDIA H200"} 1200', f'modelName="NVIDIA H200"}} {odd}')
+    text = exporter_metrics(Exported(0, NODE_UUIDS[0], 9000, 134000), Exported(1, NODE_UUIDS[1], odd, 141800))
     assert parse_dcgm(text) == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
 
 
@@ -66,6 +113,20 @@ def test_a_dcgm_reading_for_named_gpus_takes_only_their_series() -> None:
     node, GPU 1 backed the server off at every tick."""
     assert parse_dcgm(DCGM, gpus={0}) == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
     assert parse_dcgm(DCGM, gpus={0, 1}) == parse_dcgm(DCGM)
+
+
+def test_each_mig_instance_of_a_gpu_is_read_not_the_last_one_listed() -> None:
+    """A GPU in MIG mode has a series per GPU instance (GPU_I_ID), each with the GPU's gpu and UUID
+    labels: read as one series a GPU, the last listed stood for the GPU, and an instance with room
+    hid a full one (its server out of memory, no back-off)."""
+    text = exporter_metrics(
+        Exported(0, NODE_UUIDS[0], 200, 70000, mig=("3g.71gb", 1)),
+        Exported(0, NODE_UUIDS[0], 60000, 10200, mig=("3g.71gb", 2)),
+        Exported(1, NODE_UUIDS[1], 9000, 134000),
+    )
+    full = VramSample(200 * MIB, (200 + 70000 + 400) * MIB)
+    assert parse_dcgm(text) == full and parse_dcgm(text, gpus={0}) == full
+    assert parse_dcgm(text, gpus={1}) == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
 
 
 def _dcgm_reader(gpus: frozenset[int] | None, answers: list[str | int]) -> VramReader:
@@ -272,13 +333,6 @@ async def test_a_launched_servers_placement_reaches_its_oom_guard(
 
 GIB = 1 << 30
 GPU_TOTAL = 80 * GIB
-UUIDS = [
-    "GPU-5d9c1a2e-0b3f-4c1d-8e2a-7f6b5c4d3e2f",
-    "GPU-a17e4b90-2c6d-4e8f-9a1b-3c5d7e9f1a2b",
-    "GPU-3f8e2d1c-4b5a-6978-8a9b-0c1d2e3f4a5b",
-    "GPU-c0de4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f",
-]
-"""NVML's UUIDs of the fakes' GPUs, by index."""
 
 
 class FakeGpus:
