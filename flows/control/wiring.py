@@ -63,11 +63,11 @@ def vram_reader(
     placement: Callable[[], Placement] | None = None,
 ) -> VramReader | None:
     """``auto``: NVML for a server on this machine with an NVIDIA GPU, else no OOM guard (quietly).
-    It reads ``gpus`` (the endpoint's, where the config names them), else through NVML the GPUs of
-    the server listening on ``url``'s port, else those of its ``placement`` (``VramReader``), not the
-    node's. ``gpus`` named ask for a guard: NVML then even where it does not work here, so that the
-    reader says there is none. A DCGM exporter is read trusting ``ca_bundle`` (the endpoint's) where
-    given."""
+    It reads ``gpus`` (the endpoint's, where the config names them), else the GPUs of the server
+    listening on ``url``'s port, else those of its ``placement`` (``VramReader``: through DCGM for a
+    server the run launched only), not the node's. ``gpus`` named ask for a guard: NVML then even
+    where it does not work here, so that the reader says there is none. A DCGM exporter is read
+    trusting ``ca_bundle`` (the endpoint's) where given."""
     if setting == "off":
         return None
     if setting == "auto":

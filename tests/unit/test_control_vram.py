@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pynvml
@@ -129,10 +130,15 @@ def test_each_mig_instance_of_a_gpu_is_read_not_the_last_one_listed() -> None:
     assert parse_dcgm(text, gpus={1}) == VramSample(9000 * MIB, (9000 + 134000 + 400) * MIB)
 
 
-def _dcgm_reader(gpus: frozenset[int] | None, answers: list[str | int]) -> VramReader:
+def _dcgm_reader(
+    gpus: frozenset[int] | None,
+    answers: list[str | int],
+    server_url: str = "http://node-b:30000",
+    **reader_args: Any,
+) -> VramReader:
     """A reader of an exporter that answers ``answers`` in turn (the last one again): metrics, or
     an HTTP status."""
-    reader = VramReader("http://node-b:9400/metrics", server_url="http://node-b:30000", gpus=gpus)
+    reader = VramReader("http://node-b:9400/metrics", server_url=server_url, gpus=gpus, **reader_args)
 
     def handler(request: httpx.Request) -> httpx.Response:
         answer = answers.pop(0) if len(answers) > 1 else answers[0]
@@ -602,6 +608,120 @@ async def test_the_lookup_by_port_comes_before_the_launched_servers_placement(
     assert await reader.read() == VramSample(10 * GIB, GPU_TOTAL) and reader.gpus == {0, 1}
     assert asked == []
     assert "those of the processes under the listener on port 30000" in caplog.records[0].getMessage()
+
+
+def _launched_dcgm_reader(tmp_path: Path, exporter: str, placement: Callable[[], Placement]) -> VramReader:
+    """A DCGM reader for the server the run launched at port 30000, in a container (NVML lists none of
+    its processes), its node's exporter answering ``exporter``."""
+    return _dcgm_reader(
+        None, [exporter], "http://127.0.0.1:30000", proc_root=fake_proc(tmp_path), placement=placement
+    )
+
+
+def container_exporter(uuid_label: str | None = "UUID") -> str:
+    """The exporter of the container's 8-GPU node (nvidia-smi's numbers there): another job fills
+    GPUs 0-5 (the container's 0-1 among them); the container's 2-3 are the node's 6-7, with room."""
+    free = [300, 250, 400, 200, 200, 300, 12 * 1024, 10 * 1024]
+    return exporter_metrics(
+        *(
+            Exported(gpu, NODE_UUIDS[gpu], room, 140000 - room, uuid_label=uuid_label)
+            for gpu, room in enumerate(free)
+        )
+    )
+
+
+def exporter_sample(free_mib: int) -> VramSample:
+    """The reading of one GPU of ``container_exporter`` (140,000 MiB, 400 of them reserved)."""
+    return VramSample(free_mib * MIB, 140400 * MIB)
+
+
+@pytest.mark.parametrize("uuid_label", ["UUID", "uuid"])  # uuid: dcgm-exporter --use-old-namespace
+async def test_a_launched_servers_exporter_is_read_for_the_gpus_the_run_placed_it_on_matched_by_uuid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, uuid_label: str
+) -> None:
+    """Through its node's DCGM exporter the server was read over every GPU of the node: another job's
+    full GPU held its lane at every tick. Placed for certain (GPUs 2-3 of the container, in PCI bus
+    order), it is read on those only, their series found by UUID (the container's 2-3 are the node's
+    6-7); after a restart that placed it on GPU 2 alone, on that one."""
+    container_node().install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    env = {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    placements = [launched(tmp_path, env, {}, "'tp_size': 2")]
+    reader = _launched_dcgm_reader(tmp_path, container_exporter(uuid_label), lambda: placements[-1])
+    try:
+        assert await reader.read() == exporter_sample(10 * 1024) and reader.gpus == {2, 3}
+        assert await reader.read() == exporter_sample(10 * 1024)
+        placements.append(launched(tmp_path, env, {}, "'tp_size': 1"))  # restarted on CUDA device 0
+        reader.relocate()
+        assert await reader.read() == exporter_sample(12 * 1024) and reader.gpus == {2}
+    finally:
+        await reader.aclose()
+    [first, _] = [r.getMessage() for r in caplog.records]
+    assert first.startswith(
+        f"http://127.0.0.1:30000: the OOM guard reads GPU 2,3 of this machine ({UUIDS[2]}, {UUIDS[3]}) "
+        "through http://node-b:9400/metrics, where the run placed it (CUDA device 0,1 of "
+        "CUDA_VISIBLE_DEVICES=2,3, CUDA_DEVICE_ORDER=PCI_BUS_ID)"
+    )
+
+
+async def test_an_exporter_without_uuid_labels_is_read_for_the_placed_gpus_by_their_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Series without a UUID label (relabelled away) are matched by their gpu label: nvidia-smi's
+    numbers, here of a node the run sees whole (another job on GPUs 0-1, the server on 2-3)."""
+    container_node().install(monkeypatch)
+    exporter = exporter_metrics(
+        *(
+            Exported(gpu, UUIDS[gpu], room, 140000 - room, uuid_label=None)
+            for gpu, room in enumerate([300, 250, 12000, 10000])
+        )
+    )
+    reader = _launched_dcgm_reader(tmp_path, exporter, lambda: Placement((0, 1), "2,3", pci_order=True))
+    try:
+        assert await reader.read() == exporter_sample(10000) and reader.gpus == {2, 3}
+    finally:
+        await reader.aclose()
+
+
+async def test_a_launched_server_placed_by_cuda_indices_in_cudas_own_order_reads_its_whole_nodes_exporter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not certain (CUDA counts fastest first): every GPU of the node as before, and one line that
+    says why and what makes it certain."""
+    container_node().install(monkeypatch)
+    caplog.set_level(logging.INFO, logger=vram_module.__name__)
+    placement = launched(tmp_path, {"CUDA_VISIBLE_DEVICES": "2,3"}, {}, "'tp_size': 2")
+    reader = _launched_dcgm_reader(tmp_path, container_exporter(), lambda: placement)
+    try:
+        assert await reader.read() == exporter_sample(200) and reader.gpus is None
+        assert await reader.read() == exporter_sample(200)
+    finally:
+        await reader.aclose()
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        "http://127.0.0.1:30000: the OOM guard reads every GPU of the node of http://node-b:9400/metrics: "
+        "NVML lists none of the 3 processes under the listener on port 30000"
+    )
+    assert "CUDA_VISIBLE_DEVICES=2,3" in line and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in line
+
+
+async def test_an_exporter_without_the_placed_gpus_series_warns_once_and_reads_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The exporter of another node lists none of this machine's GPUs: the tightest of its GPUs is
+    not the server's. No reading, and one line that says so."""
+    container_node().install(monkeypatch)
+    reader = _launched_dcgm_reader(tmp_path, DCGM, lambda: Placement((0, 1), "2,3", pci_order=True))
+    try:
+        assert await reader.read() is None and await reader.read() is None
+    finally:
+        await reader.aclose()
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line == (
+        f"http://node-b:9400/metrics has no DCGM_FI_DEV_FB_FREE series for GPU 2 (UUID {UUIDS[2]}), "
+        f"3 (UUID {UUIDS[3]}) (it lists GPU 0,1): the GPUs of this machine that http://127.0.0.1:30000 "
+        "computes on (is it the exporter of another node?). No OOM guard while it has none"
+    )
 
 
 class StubServer:
