@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -910,6 +910,20 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
             await asyncio.sleep(0.02)
 
 
+@contextlib.asynccontextmanager
+async def _running(control: wiring.Control, pool: EndpointPool) -> AsyncIterator[None]:
+    """``control``'s loops running; then stopped, and the control and the pool closed."""
+    loops = asyncio.create_task(control.run())
+    try:
+        yield
+    finally:
+        loops.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loops
+        await control.aclose()
+        await pool.aclose()
+
+
 async def test_a_fixed_limit_holds_admissions_while_its_gpus_free_memory_is_under_the_floor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -930,8 +944,7 @@ async def test_a_fixed_limit_holds_admissions_while_its_gpus_free_memory_is_unde
     pool = await _opened(config, monkeypatch)
     control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
     [lane] = control.limiter.lanes
-    loops = asyncio.create_task(control.run())
-    try:
+    async with _running(control, pool):
         await _until(lambda: lane.limit.limit == 1)
         await control.limiter.acquire()  # min_limit: one at a time, not a stall
         waiting = asyncio.create_task(control.limiter.acquire())
@@ -946,12 +959,6 @@ async def test_a_fixed_limit_holds_admissions_while_its_gpus_free_memory_is_unde
             "- http://127.0.0.1:30000: held to 1 in flight 1 time(s) by the OOM guard "
             "(GPU free memory under `min_free_vram_gib`)"
         ]
-    finally:
-        loops.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loops
-        await control.aclose()
-        await pool.aclose()
     [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "http://127.0.0.1:30000" in line and "0.50 GiB" in line and "min_free_vram_gib" in line
 
