@@ -259,6 +259,28 @@ class Decision:
 
 
 @dataclass
+class Comeback:
+    """The endpoint's health back since the last look (``seen`` once a tick): a server waited for may
+    have died and been started again during the wait, a new process, on other GPUs maybe. The law
+    then starts cautiously (rule 1), and whoever reads the server's free GPU memory finds its GPUs
+    again (``VramReader.relocate``): the adaptive controller and a fixed lane's ``OomHold`` alike.
+
+    Health, not the guard's outage count: that moves as an outage begins, when its server may still
+    be the old process (hung) or none, and not again if it dies and is restarted in the same wait.
+    Health is back once the new process answers, so it is found then. Looked at once a tick like the
+    law's other inputs (replayed from the timeline's ``healthy``): a restart lasts far longer than a
+    tick, so no look misses one."""
+
+    was_down: bool = False
+
+    def seen(self, healthy: bool) -> bool:
+        """Whether the endpoint is back since the last look (down then, ``healthy`` now)."""
+        came_back = self.was_down and healthy
+        self.was_down = not healthy
+        return came_back
+
+
+@dataclass
 class AdaptiveLimit:
     """The law as a ``Limit``: ``limit`` is the last decision; ``observe`` makes the next."""
 
@@ -273,7 +295,7 @@ class AdaptiveLimit:
     _slow_start: bool = True
     _ceiling: float = math.inf
     """Like TCP's ssthresh: the limit a back-off left; above it the law probes one request a tick."""
-    _was_down: bool = False
+    _comeback: Comeback = field(default_factory=Comeback)
     _last_free_vram: int | None = None
     _turnover: Turnover = field(default_factory=Turnover)
     """Completions and requests in flight averaged over a life: the pace of answers of one length."""
@@ -443,8 +465,7 @@ class AdaptiveLimit:
     def _restarted(self, obs: Observation) -> bool:
         """Health came back, the retraction counter went backwards, the KV pool changed size, or GPU
         memory was let go (free memory up by half the GPU: the server's pool is gone)."""
-        came_back = self._was_down and obs.healthy
-        self._was_down = not obs.healthy
+        came_back = self._comeback.seen(obs.healthy)
         free, total, last_free = obs.free_vram_bytes, obs.total_vram_bytes, self._last_free_vram
         released = free is not None and total and last_free is not None and free - last_free > total / 2
         if free is not None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from flows.control.adaptive import short_of_memory
+from flows.control.adaptive import Comeback, short_of_memory
 from flows.control.controller import READ_DEADLINE_S
 from flows.control.vram import VramReader, VramSample
 from flows.say import SAY
@@ -35,20 +35,21 @@ class OomHold:
     floor: int
     """What the lane admits at most while held (``min_limit``): its ``HeldLimit`` reads it here."""
     poll_s: float
-    outages: Callable[[], int]
-    """The endpoint's outage count (``EndpointGuard.outages``): a server back from one may run on other
-    GPUs, found again before the next reading (the adaptive law's restart detector does the same)."""
+    healthy: Callable[[], bool]
+    """Whether the endpoint serves (``EndpointGuard.is_up``): back from an outage, its server may be
+    a new process on other GPUs, found again before the reading (``Comeback``, as the adaptive law).
+    Not on memory let go, the law's other sign a fixed lane could read: that comes as the old process
+    dies, before the new one listens, when there is nothing to find."""
     holding: bool = False
     holds: int = 0
-    seen_outages: int = 0
+    comeback: Comeback = field(default_factory=Comeback)
 
     async def run(self, changed: Callable[[], Awaitable[None]]) -> None:
         """Read every ``poll_s``; ``changed`` (the limiter's notify) wakes the waiters when the
         hold begins or ends."""
         while True:
             await asyncio.sleep(self.poll_s)
-            if self.outages() != self.seen_outages:
-                self.seen_outages = self.outages()
+            if self.comeback.seen(self.healthy()):
                 self.reader.relocate()
             try:
                 async with asyncio.timeout(READ_DEADLINE_S):

@@ -968,12 +968,17 @@ async def test_a_fixed_limits_oom_guard_finds_its_server_again_after_an_outage(
 ) -> None:
     """A fixed lane has no restart detector of its own: its guard kept reading the GPU its server used
     before an outage, though the server came back on another (here GPU 3, full: held; GPU 2, the old
-    one, empty). The endpoint's outage count moving sends it looking again before the next reading."""
+    one, empty). The endpoint's health coming back sends it looking again before the next reading."""
     gpus = busy_node()
     gpus.install(monkeypatch)
     reader = VramReader("nvml", server_url="http://127.0.0.1:30001", proc_root=fake_proc(tmp_path / "up"))
-    outages = 0
-    hold = OomHold("http://b", reader, GIB, 1, poll_s=0.01, outages=lambda: outages)
+    up, looks = True, []
+
+    def healthy() -> bool:
+        looks.append(up)
+        return up
+
+    hold = OomHold("http://b", reader, GIB, 1, poll_s=0.01, healthy=healthy)
     changes: list[bool] = []
 
     async def changed() -> None:
@@ -989,7 +994,9 @@ async def test_a_fixed_limits_oom_guard_finds_its_server_again_after_an_outage(
         await _until(lambda: changes == [True, False])  # GPU 2 read again: free
         await asyncio.sleep(0.1)
         assert reader.gpus == {2}  # not found again at every reading
-        outages = 1
+        up = False
+        await _until(lambda: not looks[-1])
+        up = True
         await _until(lambda: reader.gpus == {3})
         await _until(lambda: changes == [True, False, True])  # GPU 3: 0.2 GiB free
     finally:
@@ -997,3 +1004,72 @@ async def test_a_fixed_limits_oom_guard_finds_its_server_again_after_an_outage(
         with contextlib.suppress(asyncio.CancelledError):
             await loop
         await reader.aclose()
+
+
+class RestartingServer:
+    """Server B seen by a run that launched it: hung (listening, failing its health check), then
+    dead and started again by the guard (``ensure_running``) on GPU 3, answering once it is up."""
+
+    def __init__(self, gpus: FakeGpus, proc_root: Path) -> None:
+        self.gpus, self.proc_root = gpus, proc_root
+        self.answering, self.alive, self.starts = True, True, 0
+
+    async def healthy(self) -> bool:
+        return self.answering
+
+    def ensure_running(self) -> list[LaunchAttempt]:
+        if self.alive:
+            return []
+        self.gpus.pids = {0: [SCHEDULERS_A[0]], 1: [SCHEDULERS_A[1]], 2: [TRAINER], 3: [SCHEDULER_B]}
+        self.alive, self.answering, self.starts = True, True, self.starts + 1
+        return [LaunchAttempt(self.starts + 1, None, "ready", 1.0, self.proc_root / "sglang.log")]
+
+
+async def test_a_fixed_limits_oom_guard_finds_a_server_restarted_within_one_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server failed a health check (hung: still listening on GPU 2), then died and was restarted
+    on GPU 3 within the same wait: one outage. The guard looked for it as the outage began, found the
+    hung process on GPU 2, and as the outage count did not move again it read GPU 2 (the old one,
+    empty) for the rest of the run while the new process filled GPU 3. It looks when the endpoint
+    answers again, once a restart, not at every reading."""
+    gpus = busy_node()
+    gpus.install(monkeypatch)
+    looked: list[int] = []
+    find = vram_module.server_gpus
+
+    def server_gpus(port: int, proc_root: Path) -> tuple[frozenset[int] | None, str]:
+        looked.append(port)
+        return find(port, proc_root)
+
+    monkeypatch.setattr(vram_module, "server_gpus", server_gpus)
+    config = parse_config(
+        {
+            "run": {"name": "fixed", "output_dir": str(tmp_path)},
+            "concurrency": {"limit": 3, "min_free_vram_gib": 1.0},
+            "endpoints": [{"url": "http://127.0.0.1:30001", "model": "m", "vram": "nvml"}],
+            "categories": [{"name": "c", "source": "unused.jsonl", "format": "messages"}],
+        }
+    )
+    pool = await _opened(config, monkeypatch)
+    control = wiring.Control(pool.endpoints, config.concurrency, tmp_path)
+    [hold] = control.holds
+    [endpoint] = pool.endpoints
+    guard = endpoint.guard
+    server = RestartingServer(gpus, tmp_path)
+    monkeypatch.setattr(guard, "healthy", server.healthy)
+    guard.engine, guard.poll_s, guard.admit = server, 0.02, None  # no model listing to check
+    hold.reader.proc_root, hold.poll_s = fake_proc(tmp_path / "proc"), 0.02
+    async with _running(control, pool):
+        await _until(lambda: hold.reader.gpus == {2} and hold.holding)  # GPU 2: 0.4 GiB free
+        server.answering = False  # hung
+        waited = asyncio.create_task(guard.recover())
+        await _until(lambda: guard.outages == 1)
+        gpus.free[2] = 5 * GIB  # the hung server's memory, read after the outage began
+        await _until(lambda: not hold.holding)
+        server.alive = False  # it died: the guard's next look restarts it, on GPU 3 (0.2 GiB free)
+        assert await asyncio.wait_for(waited, 5.0)
+        assert guard.outages == 1 and guard.restarts == 1
+        await _until(lambda: hold.reader.gpus == {3} and hold.holding)
+        await asyncio.sleep(0.2)  # ten readings
+        assert looked == [30001, 30001]  # at the first reading, and once after the restart
