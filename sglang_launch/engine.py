@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -34,8 +35,10 @@ class Engine(Protocol):
     @property
     def max_total_num_tokens(self) -> int | None: ...
 
-    def ensure_running(self) -> list[LaunchAttempt]:
-        """Start or restart the server if it is not serving; the attempts made (none if it was up)."""
+    def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[LaunchAttempt]:
+        """Start or restart the server if it is not serving; the attempts made (none if it was up).
+        ``on_start`` is called as a start begins, in the calling thread: the endpoint's guard then
+        says it down for the whole start, not only once it is done."""
         ...
 
     def stop(self) -> None: ...
@@ -85,10 +88,12 @@ class LaunchedEngine:
     def handle(self) -> ServerHandle | None:
         return self._handle
 
-    def ensure_running(self) -> list[LaunchAttempt]:
+    def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[LaunchAttempt]:
         with self._lock:
             if self._handle is not None and self._handle.alive():
                 return []
+            if on_start is not None:
+                on_start()
             self.starting = Starting(time.monotonic())
             try:
                 if self._handle is None:

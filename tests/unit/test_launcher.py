@@ -394,12 +394,18 @@ def test_engine_restarts_a_dead_server_on_the_same_port(fake_cfg: ServerConfig) 
         assert [a.fraction for a in first] == [0.9, 0.88, 0.85]
         url, handle = engine.url, engine.handle
         assert handle is not None
-        assert engine.ensure_running() == []  # alive: nothing to do
+        starts: list[bool] = []  # whether a start was under way when it was said to begin
+
+        def on_start() -> None:
+            starts.append(engine.starting is not None)
+
+        assert engine.ensure_running(on_start) == [] and starts == []  # alive: nothing to do
         os.killpg(handle.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while handle.alive() and time.monotonic() < deadline:
             time.sleep(0.02)
-        again = engine.ensure_running()
+        again = engine.ensure_running(on_start)
+        assert starts == [False]  # said once, as it began
         assert [(a.number, a.fraction, a.outcome) for a in again] == [(4, 0.85, "ready")]
         assert engine.url == url
         assert httpx.get(f"{url}/health").status_code == 200
