@@ -35,6 +35,10 @@ class EndpointGuard:
     no new requests (``GuardedLimit``), so an outage does not turn queued prompts into rejects.
     A guard that gave up answers later calls from one health check, not a new wait, so a server
     that is gone for good costs the patience once, not once per prompt.
+
+    ``down`` is narrower: the endpoint was seen down. Every request failing on it has its health
+    checked, the lane closed meanwhile, most often on a server that serves, only busy; its
+    controllers read ``serves`` as its health, so that such a check is no outage to them.
     """
 
     def __init__(
@@ -55,13 +59,16 @@ class EndpointGuard:
         self.patience_s = patience_s
         self.poll_s = poll_s
         self.up = True
+        self.down = False
+        """Seen down since the last health check that passed: a check failed, a start of its server
+        began (for the whole start: minutes for a large model), or it was given up on."""
         self.gone = False
         self.recoveries = 0
         self.restarts = 0
         self.outages = 0
-        """Times the endpoint was seen down (a failed health check or a restart while waited for), once
-        a wait: a request that saw this count move while it was in flight failed with its server, not
-        for its prompt (the pump counts the two apart)."""
+        """Times the endpoint was seen down (``down`` set), once until a health check passes: a request
+        that saw this count move while it was in flight failed with its server, not for its prompt
+        (the pump counts the two apart)."""
         self.on_up: Callable[[], Awaitable[None]] | None = None
         self.admit: Callable[[], Awaitable[bool]] | None = None
         """Asked once the endpoint answers its health check again, before it takes a request: False
@@ -78,6 +85,14 @@ class EndpointGuard:
     def is_up(self) -> bool:
         """Whether the endpoint takes new requests (False while waited for or given up on)."""
         return self.up
+
+    def serves(self) -> bool:
+        """The endpoint's health as its controllers read it once a tick (the adaptive law, a fixed
+        lane's ``OomHold``): False only while it is seen down (``down``). Not ``is_up``: a tick within
+        the passing health check of a request's failure read the endpoint down, the next one up, and
+        that was a restart to them (``Comeback``): the law's limit back at its cautious start and
+        growth held for a request's life, on a busy server that never stopped."""
+        return not self.down
 
     async def healthy(self) -> bool:
         """``GET /health`` answered 200; async, so that many silent endpoints hold no threads."""
@@ -106,26 +121,24 @@ class EndpointGuard:
             self.up = False
             patience = self.patience_s if patience_s is None else patience_s
             deadline = time.monotonic() + patience
-            seen_down = self.outages + 1  # however often this wait sees it down, one outage
             while True:
                 if self.engine is not None:
                     try:
-                        attempts = await asyncio.to_thread(self.engine.ensure_running)
+                        # seen down as a start begins, not once it is done: it takes minutes
+                        attempts = await asyncio.to_thread(self.engine.ensure_running, self._saw_down)
                     except Exception as error:  # a start that failed for good: say so, keep the rows
                         log.error("restarting the server at %s failed: %s", self.url, error, extra=SAY)
                         self._give_up()
                         return False
                     if attempts:
                         self.restarts += 1
-                        self.outages = seen_down
                         log.warning(
                             "server at %s restarted (%d attempt(s))", self.url, len(attempts), extra=SAY
                         )
-                if await self._mark_if_healthy(was_down=self.outages == seen_down):
+                if await self._mark_if_healthy():
                     self.recoveries += 1
                     return True
-                began = self.outages != seen_down  # the first failed check of this wait
-                self.outages = seen_down
+                began = self._saw_down()
                 if time.monotonic() >= deadline:
                     log.error(
                         "%s has not been healthy for %.0f s: giving up on it", self.url, patience, extra=SAY
@@ -163,8 +176,20 @@ class EndpointGuard:
             self._serving.discard(task)
             self._cut.discard(task)
 
+    def _saw_down(self) -> bool:
+        """The endpoint seen down: a failed health check, a start of its server beginning (called by
+        ``Engine.ensure_running`` from its thread, while the wait that asked holds the lock: nothing
+        else writes these meanwhile), a give-up. Whether this began an outage: however often it is
+        seen down until a check passes, one outage."""
+        began = not self.down
+        if began:
+            self.down = True
+            self.outages += 1
+        return began
+
     def _give_up(self) -> None:
         """No more waiting for the endpoint: its lane stays closed, its requests still waiting are cut."""
+        self._saw_down()
         self.gone = True
         for task in self._serving - self._cut:
             self._cut.add(task)
@@ -183,23 +208,22 @@ class EndpointGuard:
         async with self._lock:
             await self._mark_if_healthy()
 
-    async def _mark_if_healthy(self, *, was_down: bool = True) -> bool:
-        """Back in service if its health check passes. ``was_down``: whether the endpoint was seen
-        down (a failed check, a restart, given up on); only then is its return said. A wait whose
-        first check passes was a request failing on a server that serves (a busy one): "answers
-        again" then told a person of an outage that no one saw."""
+    async def _mark_if_healthy(self) -> bool:
+        """Back in service if its health check passes. Its return is said only if it was seen down:
+        a wait whose first check passes was a request failing on a server that serves (a busy one),
+        and "answers again" told a person of an outage that no one saw."""
         began = time.monotonic()
         if not await self.healthy():
             return False
         came_back = not self.up
         if came_back and self.admit is not None and not await self.admit():
             return False
-        self.up, self.gone, self._passed_at = True, False, began
-        if came_back:
-            if was_down:
-                log.warning("%s answers again", self.url, extra=SAY)
-            if self.on_up is not None:
-                await self.on_up()
+        was_down = self.down
+        self.up, self.down, self.gone, self._passed_at = True, False, False, began
+        if was_down:
+            log.warning("%s answers again", self.url, extra=SAY)
+        if came_back and self.on_up is not None:
+            await self.on_up()
         return True
 
 

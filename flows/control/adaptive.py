@@ -210,6 +210,8 @@ class Observation:
     None when nothing counted is in flight."""
     completions_per_s: float
     healthy: bool = True
+    """The endpoint not seen down (``EndpointGuard.serves``), not its lane open: that also closes
+    while a request's failure is checked, on a server that serves (rule 1, ``Comeback``)."""
     free_vram_bytes: int | None = None
     """Free memory of the tightest GPU (NVML or DCGM), when it can be read: the OOM guard."""
     total_vram_bytes: int | None = None
@@ -267,9 +269,12 @@ class Comeback:
 
     Health, not the guard's outage count: that moves as an outage begins, when its server may still
     be the old process (hung) or none, and not again if it dies and is restarted in the same wait.
-    Health is back once the new process answers, so it is found then. Looked at once a tick like the
-    law's other inputs (replayed from the timeline's ``healthy``): a restart lasts far longer than a
-    tick, so no look misses one."""
+    Health is back once the new process answers, so it is found then. Health is the endpoint not
+    seen down (``EndpointGuard.serves``: down from a failed check or a restart's start to the next
+    check that passes), not its lane open: the lane closes for the health check of every request
+    that fails on it, a busy server's too, and a tick within such a check was a restart here.
+    Looked at once a tick like the law's other inputs (replayed from the timeline's ``healthy``): a
+    restart lasts far longer than a tick, so no look misses one."""
 
     was_down: bool = False
 

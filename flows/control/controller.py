@@ -157,7 +157,7 @@ class EndpointController:
             completions_per_s=self._rate,
             request_life_s=self.lane.life_s,
             output_spread=self.lane.output_spread,
-            healthy=self.lane.endpoint.guard.up,
+            healthy=self.lane.endpoint.guard.serves(),
             free_vram_bytes=memory.free_bytes if memory else None,
             total_vram_bytes=memory.total_bytes if memory else None,
         )

@@ -36,8 +36,9 @@ class OomHold:
     """What the lane admits at most while held (``min_limit``): its ``HeldLimit`` reads it here."""
     poll_s: float
     healthy: Callable[[], bool]
-    """Whether the endpoint serves (``EndpointGuard.is_up``): back from an outage, its server may be
-    a new process on other GPUs, found again before the reading (``Comeback``, as the adaptive law).
+    """Whether the endpoint serves (``EndpointGuard.serves``: not seen down): back from an outage, its
+    server may be a new process on other GPUs, found again before the reading (``Comeback``, as the
+    adaptive law).
     Not on memory let go, the law's other sign a fixed lane could read: that comes as the old process
     dies, before the new one listens, when there is nothing to find."""
     holding: bool = False

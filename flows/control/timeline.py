@@ -6,7 +6,9 @@ left as it is and a new one begun. A run meant to go on for a week keeps one seg
 rewrites at most that much every half minute (one file for the whole start held a week's 600,000
 decisions of one endpoint, over half a GiB, and took 4.4 CPU s to rewrite each time, on the core
 that sends the requests). A resumed run keeps the earlier starts' files and the report plots them
-all. A law replays on these rows exactly: they hold everything it was given.
+all. A law replays on these rows exactly: they hold everything it was given. ``healthy`` is the
+health the law was given (``EndpointGuard.serves``: the endpoint not seen down), not whether its lane
+took requests: the lane also closes while a request's failure is checked on a server that serves.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ class Control:
             min_free_vram_bytes(self.concurrency),
             self.concurrency.min_limit,
             poll_s=self.concurrency.poll_s,
-            healthy=endpoint.guard.is_up,
+            healthy=endpoint.guard.serves,
         )
         self.holds.append(hold)
         return HeldLimit(law, hold)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 import pytest
 
@@ -22,9 +23,13 @@ class FakeEngine:
     def __init__(self) -> None:
         self.calls = 0
 
-    def ensure_running(self) -> list[str]:
+    def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[str]:
         self.calls += 1
-        return ["restarted"] if self.calls == 1 else []
+        if self.calls > 1:
+            return []
+        if on_start is not None:
+            on_start()
+        return ["restarted"]
 
 
 async def test_guard_sees_a_healthy_simulator_at_once() -> None:
@@ -150,3 +155,38 @@ async def test_the_guard_counts_an_outage_once_a_wait_and_never_for_a_server_tha
     restarted.healthy = lambda: asyncio.sleep(0, True)  # type: ignore[method-assign]
     assert await asyncio.gather(*(restarted.recover() for _ in range(5))) == [True] * 5
     assert restarted.restarts == 1 and restarted.outages == 1
+
+
+async def test_controllers_see_the_endpoint_down_only_once_seen_down_its_lane_closes_at_each_check() -> None:
+    """``is_up`` closes the lane while a request's failure is checked; ``serves``, the health its
+    controllers read (the adaptive law, a fixed lane's OOM hold), is False only from a failed check or
+    a give-up to the next check that passes. A request failing on a server that serves, only busy,
+    has its check pass: read as down, then up, it was a restart to them."""
+    import asyncio
+
+    serving = [True]
+    seen: list[tuple[bool, bool]] = []  # (is_up, serves) as each health check begins
+    guard = EndpointGuard("http://127.0.0.1:1", patience_s=0.05, poll_s=0.01)
+
+    async def healthy() -> bool:
+        seen.append((guard.is_up(), guard.serves()))
+        return serving[0]
+
+    guard.healthy = healthy  # type: ignore[method-assign]
+    assert await guard.recover() is True  # a busy server's 503: the lane closed, the endpoint not down
+    assert seen == [(False, True)] and guard.is_up() and guard.serves()
+
+    seen.clear()
+    serving[0] = False
+    asyncio.get_running_loop().call_later(0.03, serving.__setitem__, 0, True)
+    assert await guard.recover(patience_s=5) is True  # down from its first failed check to the pass
+    assert seen[0] == (False, True) and set(seen[1:]) == {(False, False)} and len(seen) > 2
+    assert guard.is_up() and guard.serves()
+
+    serving[0] = False
+    assert await guard.recover() is False and guard.gone and not guard.serves()  # given up on
+    serving[0] = True
+    await guard.probe()
+    assert guard.is_up() and guard.serves()
+    guard.leave_out()  # out of service from the start: down
+    assert not guard.is_up() and not guard.serves()

@@ -61,7 +61,7 @@ async def test_a_server_that_answers_again_is_a_warning_line(capsys: pytest.Capt
     with cli_logging(capsys) as terminal:
         guard = EndpointGuard(URL, api_key=KEY)
         guard.healthy = _answers(True)  # type: ignore[method-assign]
-        guard.up = False  # it had stopped answering
+        guard.leave_out()  # it had stopped answering
         await guard.probe()
         assert terminal() == [f"warning: {URL} answers again"]
 
@@ -85,7 +85,9 @@ class _Restarts:
     def __init__(self, fails: bool = False) -> None:
         self.fails = fails
 
-    def ensure_running(self) -> list[object]:
+    def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[object]:
+        if on_start is not None:
+            on_start()
         if self.fails:
             raise RuntimeError("the GPU is still held by the dead server")
         return [object()]

@@ -1013,13 +1013,18 @@ class RestartingServer:
     def __init__(self, gpus: FakeGpus, proc_root: Path) -> None:
         self.gpus, self.proc_root = gpus, proc_root
         self.answering, self.alive, self.starts = True, True, 0
+        self.check_s = 0.0
+        """How long its health check takes (a busy server's, tens of ms on a real one)."""
 
     async def healthy(self) -> bool:
+        await asyncio.sleep(self.check_s)
         return self.answering
 
-    def ensure_running(self) -> list[LaunchAttempt]:
+    def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[LaunchAttempt]:
         if self.alive:
             return []
+        if on_start is not None:
+            on_start()
         self.gpus.pids = {0: [SCHEDULERS_A[0]], 1: [SCHEDULERS_A[1]], 2: [TRAINER], 3: [SCHEDULER_B]}
         self.alive, self.answering, self.starts = True, True, self.starts + 1
         return [LaunchAttempt(self.starts + 1, None, "ready", 1.0, self.proc_root / "sglang.log")]
@@ -1032,7 +1037,8 @@ async def test_a_fixed_limits_oom_guard_finds_a_server_restarted_within_one_outa
     on GPU 3 within the same wait: one outage. The guard looked for it as the outage began, found the
     hung process on GPU 2, and as the outage count did not move again it read GPU 2 (the old one,
     empty) for the rest of the run while the new process filled GPU 3. It looks when the endpoint
-    answers again, once a restart, not at every reading."""
+    answers again, once a restart, not at every reading; nor after a request's failure on the server
+    busy before (its health check passing over ten readings, the lane closed meanwhile): no outage."""
     gpus = busy_node()
     gpus.install(monkeypatch)
     looked: list[int] = []
@@ -1062,6 +1068,11 @@ async def test_a_fixed_limits_oom_guard_finds_a_server_restarted_within_one_outa
     hold.reader.proc_root, hold.poll_s = fake_proc(tmp_path / "proc"), 0.02
     async with _running(control, pool):
         await _until(lambda: hold.reader.gpus == {2} and hold.holding)  # GPU 2: 0.4 GiB free
+        server.check_s = 0.2  # a request failed on it, busy: its health check passes, slowly
+        assert await guard.recover() and guard.outages == 0
+        server.check_s = 0.0
+        await asyncio.sleep(0.1)  # five readings
+        assert looked == [30001]  # no outage: its GPUs not looked for again
         server.answering = False  # hung
         waited = asyncio.create_task(guard.recover())
         await _until(lambda: guard.outages == 1)

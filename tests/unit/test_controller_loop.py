@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 import flows.control.controller as controller_module
 import flows.control.vram as vram_module
-from flows.client.guard import Endpoint
+from flows.client.guard import Endpoint, EndpointGuard
 from flows.control.adaptive import AdaptiveLimit, LawSettings
 from flows.control.controller import EndpointController
 from flows.control.limiter import Lane, Limiter
@@ -24,12 +25,12 @@ from flows.control.vram import VramReader
 
 
 def _paced_at_zero(
-    tmp_path: Path, **options: Any
+    tmp_path: Path, guard: EndpointGuard | None = None, **options: Any
 ) -> tuple[Lane[Endpoint], Limiter[Endpoint], EndpointController]:
     """A lane, its limiter and its controller, the last decision having paced the lane at zero with
     its credit spent (a cohort at the budget): only a new tick lets it admit again."""
     client = SimpleNamespace(endpoint="http://127.0.0.1:9", api_key=None, ca_bundle=None)
-    endpoint = Endpoint(client, SimpleNamespace(up=True))  # type: ignore[arg-type]
+    endpoint = Endpoint(client, guard or EndpointGuard(client.endpoint))  # type: ignore[arg-type]
     law = AdaptiveLimit(LawSettings(initial_limit=8))
     lane: Lane[Endpoint] = Lane(endpoint, law)
     limiter = Limiter([lane])
@@ -135,4 +136,70 @@ async def test_a_restart_the_law_detects_has_the_oom_guard_find_the_servers_gpus
     assert controller.tick(3, None, await reader.read()).restarted
     assert not controller.tick(4, None, await reader.read()).restarted
     assert looked_up == [9, 9]
+    await controller.aclose()
+
+
+class BlockingRestart:
+    """The engine of a launched server that died once ``dead`` is set: its restart blocks (minutes
+    for a large model) until ``started`` is set."""
+
+    def __init__(self) -> None:
+        self.dead = False
+        self.restarting, self.started = threading.Event(), threading.Event()
+
+    def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[str]:
+        if not self.dead:
+            return []
+        if on_start is not None:
+            on_start()
+        self.restarting.set()
+        self.started.wait(5)
+        self.dead = False
+        return ["restarted"]
+
+
+async def test_a_requests_passing_health_check_is_no_restart_to_the_law_and_a_real_restart_is_one(
+    tmp_path: Path,
+) -> None:
+    """Every request failing on its endpoint (a busy server's 503, a cut stream) has the guard check
+    its health, its lane closed meanwhile. A tick within that check read the endpoint down, the next
+    one up: "restart detected", the limit back at its cautious start and growth held for a request's
+    life, on a server that never stopped. A server restarted is down to the law for the whole restart
+    and the check after it, and detected once."""
+    engine = BlockingRestart()
+    guard = EndpointGuard("http://127.0.0.1:9", engine, poll_s=0.01)  # type: ignore[arg-type]
+    checking, answer = asyncio.Event(), asyncio.Event()
+
+    async def healthy() -> bool:
+        checking.set()
+        await answer.wait()
+        return True
+
+    guard.healthy = healthy  # type: ignore[method-assign]
+    _, _, controller = _paced_at_zero(tmp_path, guard)
+    busy = [controller.tick(0, None)]
+    failed = asyncio.create_task(guard.recover())  # a request's failure on a server that serves
+    await checking.wait()
+    assert not guard.is_up()  # its lane takes no new request while the check runs
+    busy.append(controller.tick(1, None))
+    answer.set()
+    assert await failed
+    busy += [controller.tick(at, None) for at in (2, 3)]
+    assert not any(d.restarted or "endpoint down" in d.reason for d in busy), [d.reason for d in busy]
+
+    engine.dead = True
+    checking.clear()
+    answer.clear()
+    restarted = asyncio.create_task(guard.recover())
+    assert await asyncio.to_thread(engine.restarting.wait, 5)
+    down = [controller.tick(at, None) for at in (4, 5)]  # the restart under way
+    engine.started.set()
+    await checking.wait()  # restarted, its health check not answered yet
+    down.append(controller.tick(6, None))
+    answer.set()
+    assert await restarted
+    back = [controller.tick(at, None) for at in (7, 8, 9)]
+    assert all(d.reason == "hold: endpoint down" for d in down), [d.reason for d in down]
+    assert [d.restarted for d in back] == [True, False, False]
+    assert back[0].reason.endswith("restart detected: cautious start")
     await controller.aclose()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -574,9 +574,11 @@ class Relauncher:
         self.server = server
         self.restarts = restarts
 
-    def ensure_running(self) -> list[str]:
+    def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[str]:
         if self.server.alive:
             return []
+        if on_start is not None:
+            on_start()
         if not self.restarts:
             raise RuntimeError("the server did not start")
         self.restarts -= 1
