@@ -83,10 +83,11 @@ def _stop_with_parent(parent: int) -> Callable[[], None] | None:
     return set_death_signal
 
 
-def _in_own_session(command: Any, **kwargs: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen`` of a child in a session of its own, stopped with its parent thread."""
-    stop = _stop_with_parent(os.getpid())
-    return subprocess.Popen(command, start_new_session=True, preexec_fn=stop, **kwargs)
+def _in_own_session(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` of a child in a session of its own, stopped with its parent thread (its
+    arguments as Popen takes them: Prefect names its command ``args=``)."""
+    popen: Callable[..., subprocess.Popen[Any]] = subprocess.Popen
+    return popen(*args, start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()), **kwargs)
 
 
 class _Subprocess:

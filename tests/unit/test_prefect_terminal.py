@@ -116,7 +116,7 @@ def test_the_temporary_servers_own_log_lines_go_to_its_log_not_the_terminal(
 
     program = f"import sys; print({SERVER_LINE!r}, file=sys.stderr); print('stdout too')"
     with temporary_settings(updates={PREFECT_HOME: tmp_path}), _popen_in_own_session():
-        child = prefect_server.subprocess.Popen([sys.executable, "-c", program])
+        child = prefect_server.subprocess.Popen(args=[sys.executable, "-c", program])  # as Prefect calls it
     assert child.wait(timeout=60) == 0
     shown = capfd.readouterr()
     assert SERVER_LINE not in shown.err and "stdout too" not in shown.out
