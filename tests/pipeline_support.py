@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -135,14 +137,31 @@ def check_run(run_dir: Path) -> RunCheck:
 
 
 def datagen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start `datagen ARGS` in its own process group (so a kill -9 takes its children too)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, **(env or {})},
-    )
+    """Start `datagen ARGS` in its own process group (so a kill -9 takes its children too), taking
+    Ctrl-C as from a terminal however the tests were started: a shell without job control starts its
+    background commands with SIGINT ignored (`nohup pytest ... &` in a script), a child inherits
+    that, and the tests' Ctrl-C then hung the run they stop. A handled signal is reset at exec."""
+    with _sigint_handled():
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+
+
+@contextlib.contextmanager
+def _sigint_handled() -> Iterator[None]:
+    """SIGINT handled (not ignored) in this process meanwhile, where it can be set (the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
