@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,13 +28,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.adaptive_concurrency import add_tree_option, source_trees, write_config
+from bench.adaptive_sim import MAX_TOKENS, SEEDS_KV, run_datagen, seeds_server
 from bench.spinner import busy_core
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.simulator import SimConfig, SimulatorProcess
 
 console = Console(width=140)
-SEEDS_KV = 116_171
-MAX_TOKENS = 4096
 WINDOWS_S = (3.0, 6.0, 12.0)
 """Wall seconds after the resume's first token over which the early throughput is read."""
 
@@ -47,15 +44,6 @@ class ResumeOutcome:
     """Output tok/s over each of ``WINDOWS_S`` after the first token."""
     tok_s: float
     retractions: int
-
-
-def run_datagen(config: Path, tree: Path | None) -> None:
-    subprocess.run(
-        ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"],
-        capture_output=True,
-        check=True,
-        cwd=tree,  # `-m flows.cli` imports the package from the working directory first
-    )
 
 
 def resume(sim_cfg: SimConfig, base: Path, run_dir: Path, source: Path, tree: Path | None) -> ResumeOutcome:
@@ -106,14 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = args.settings.split(",")
     trees = source_trees(parser, args.tree, settings)
-    sim_cfg = SimConfig(
-        port=0,
-        max_total_tokens=SEEDS_KV,
-        context_length=16384,
-        time_scale=args.time_scale,
-        stop_probability=1.0,
-        log_level="warning",
-    )
+    sim_cfg = seeds_server(args.time_scale)
     results: dict[str, list[ResumeOutcome]] = {s: [] for s in settings}
     with busy_core(1), tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -152,12 +152,7 @@ def one_run(
         driver = PhaseDriver(sim, count // 3 if args.shift else count + 1, count)
         driver.start()
         started = time.monotonic()
-        subprocess.run(
-            ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"],
-            capture_output=True,
-            check=True,
-            cwd=tree,  # `-m flows.cli` imports the package from the working directory first
-        )
+        run_datagen(config, tree)
         ended = time.monotonic()
         driver.stop.set()
         driver.join()
@@ -174,6 +169,32 @@ def one_run(
         peak_queue=driver.peak_queue,
         retractions=stats["retracted_requests"],
         seconds=ended - started,
+    )
+
+
+def seeds_server(
+    time_scale: float, max_tokens: int = MAX_TOKENS, stop_length_mean: float | None = None
+) -> SimConfig:
+    """The simulated server at the seeds' scale: their KV pool, every answer stopping before its cap
+    (at a uniform point, or at an exponential length of ``stop_length_mean``)."""
+    return SimConfig(
+        port=0,
+        max_total_tokens=SEEDS_KV,
+        context_length=max(16384, max_tokens + 4096),
+        time_scale=time_scale,
+        stop_probability=1.0,
+        stop_length_mean=stop_length_mean,
+        log_level="warning",
+    )
+
+
+def run_datagen(config: Path, tree: Path | None) -> None:
+    """``datagen run CONFIG --no-prefect`` on core 1 (the spinner's), from ``tree`` (default: this one)."""
+    subprocess.run(
+        ["taskset", "-c", "1", sys.executable, "-m", "flows.cli", "run", str(config), "--no-prefect"],
+        capture_output=True,
+        check=True,
+        cwd=tree,  # `-m flows.cli` imports the package from the working directory first
     )
 
 
@@ -200,15 +221,7 @@ def main() -> None:
     settings = args.settings.split(",")
     trees = source_trees(parser, args.tree, settings)
     keep = args.keep.resolve() if args.keep else None
-    sim_cfg = SimConfig(
-        port=0,
-        max_total_tokens=SEEDS_KV,
-        context_length=max(16384, args.max_tokens + 4096),
-        time_scale=args.time_scale,
-        stop_probability=1.0,
-        stop_length_mean=args.stop_length_mean,
-        log_level="warning",
-    )
+    sim_cfg = seeds_server(args.time_scale, args.max_tokens, args.stop_length_mean)
     results: dict[str, list[PhaseOutcome]] = {s: [] for s in settings}
     with busy_core(1), tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
