@@ -10,6 +10,7 @@ less (``failover_after_s``) and moves the prompt to an endpoint that answers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -79,8 +80,9 @@ class EndpointGuard:
         self._lock = asyncio.Lock()
         self._serving: set[asyncio.Task[object]] = set()
         """The tasks awaiting an answer from this endpoint (``serve``)."""
-        self._cut: set[asyncio.Task[object]] = set()
-        """Those of them cancelled by the guard giving up, not by the run stopping."""
+        self._cut: dict[asyncio.Task[object], str] = {}
+        """Those of them cancelled by the guard (given up on, its server restarting), not by the run
+        stopping, and why."""
 
     def is_up(self) -> bool:
         """Whether the endpoint takes new requests (False while waited for or given up on)."""
@@ -125,7 +127,8 @@ class EndpointGuard:
                 if self.engine is not None:
                     try:
                         # seen down as a start begins, not once it is done: it takes minutes
-                        attempts = await asyncio.to_thread(self.engine.ensure_running, self._saw_down)
+                        restarting = functools.partial(self._restarting, asyncio.get_running_loop())
+                        attempts = await asyncio.to_thread(self.engine.ensure_running, restarting)
                     except Exception as error:  # a start that failed for good: say so, keep the rows
                         log.error("restarting the server at %s failed: %s", self.url, error, extra=SAY)
                         self._give_up()
@@ -170,11 +173,11 @@ class EndpointGuard:
             return await request
         except asyncio.CancelledError:
             if task in self._cut and task.uncancel() == 0:  # ours alone: a stop's cancel stays one
-                raise TransientRequestError(f"{self.url} was given up on before it answered") from None
+                raise TransientRequestError(f"{self.url} {self._cut[task]} before it answered") from None
             raise
         finally:
             self._serving.discard(task)
-            self._cut.discard(task)
+            self._cut.pop(task, None)
 
     def _saw_down(self) -> bool:
         """The endpoint seen down: a failed health check, a start of its server beginning (called by
@@ -191,8 +194,22 @@ class EndpointGuard:
         """No more waiting for the endpoint: its lane stays closed, its requests still waiting are cut."""
         self._saw_down()
         self.gone = True
-        for task in self._serving - self._cut:
-            self._cut.add(task)
+        self._cut_serving("was given up on")
+
+    def _restarting(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A start of its server begins (called by ``Engine.ensure_running`` from its thread once the
+        server is found dead): seen down, and the requests still on the dead server cut, in the
+        loop's thread, to wait for the start with the others. Left to their own retries, they were
+        sent to the new process while it started: a prompt that brings the server down killed it
+        within its start, the start failed, and the run stopped (the simulator, a killer among 40
+        prompts: three runs of four)."""
+        self._saw_down()
+        loop.call_soon_threadsafe(self._cut_serving, "was restarting")
+
+    def _cut_serving(self, why: str) -> None:
+        """Cancel the requests awaiting this endpoint: each fails with ``why`` (``serve``)."""
+        for task in self._serving - self._cut.keys():
+            self._cut[task] = why
             task.cancel()
 
     def leave_out(self) -> None:

@@ -51,6 +51,11 @@ class FaultConfig(BaseModel):
     first_token_delay_s: float = Field(
         default=0.0, ge=0.0, description="wall seconds every stream waits after its headers before any token"
     )
+    crash_on_text: str | None = Field(
+        default=None,
+        description="a request whose messages contain this text brings the server process down at once "
+        "(a kernel fault on one input: every connection reset); for a simulator in its own process",
+    )
 
 
 class SimConfig(BaseModel):

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -166,6 +167,8 @@ async def chat_completions(request: Request) -> Response:
         return _json(exc.body, exc.status)
     if engine.cfg.faults.extra_latency_s:
         await asyncio.sleep(engine.cfg.faults.extra_latency_s)
+    if _kills(chat.messages, engine.cfg.faults.crash_on_text):
+        os._exit(KILLED_EXIT)  # no cleanup, no response: as a server process that faulted
     if engine.inject_500():
         return Response(INTERNAL_ERROR_TEXT, status_code=500, media_type="text/plain; charset=utf-8")
     head = ResponseHeader(uuid.uuid4().hex, int(time.time()), chat.model)
@@ -178,6 +181,17 @@ async def chat_completions(request: Request) -> Response:
     if chat.stream:
         return StreamingResponse(_stream(engine, ticket, head, chat.include_usage), media_type=SSE_MEDIA_TYPE)
     return await _complete(request, engine, ticket, head)
+
+
+KILLED_EXIT = 134
+"""The exit status of a process aborted (SIGABRT), as a CUDA fault's ends."""
+
+
+def _kills(messages: list[dict[str, Any]], text: str | None) -> bool:
+    """Whether a message's text content holds ``crash_on_text``."""
+    if not text:
+        return False
+    return any(text in str(message.get("content") or "") for message in messages)
 
 
 async def _refused_stream(head: ResponseHeader, include_usage: bool) -> AsyncIterator[bytes]:

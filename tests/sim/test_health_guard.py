@@ -190,3 +190,36 @@ async def test_controllers_see_the_endpoint_down_only_once_seen_down_its_lane_cl
     assert guard.is_up() and guard.serves()
     guard.leave_out()  # out of service from the start: down
     assert not guard.is_up() and not guard.serves()
+
+
+async def test_requests_on_a_dead_launched_server_are_cut_as_its_restart_begins() -> None:
+    """The requests still on a server found dead wait for its restart with the rest, not in their own
+    retries: sent to the new process while it started, a prompt that brings the server down killed
+    it within its start and the run stopped. The cut request fails as retryable, saying why, while
+    the start is still under way."""
+    import asyncio
+    import threading
+
+    from flows.client.errors import TransientRequestError
+
+    started, go_on = threading.Event(), threading.Event()
+
+    class SlowStart:
+        def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[str]:
+            if on_start is not None:
+                on_start()
+            started.set()
+            go_on.wait(10)  # a start takes minutes
+            return ["restarted"]
+
+    guard = EndpointGuard(f"http://127.0.0.1:{_closed_port()}", SlowStart(), patience_s=5, poll_s=0.01)  # type: ignore[arg-type]
+    guard.healthy = lambda: asyncio.sleep(0, go_on.is_set())  # type: ignore[method-assign]
+    request = asyncio.create_task(guard.serve(asyncio.sleep(3600)))  # retrying against the dead server
+    await asyncio.sleep(0)
+    recovering = asyncio.create_task(guard.recover())  # another request failed: the restart begins
+    await asyncio.to_thread(started.wait, 10)
+    with pytest.raises(TransientRequestError, match="was restarting before it answered"):
+        await asyncio.wait_for(request, 5)
+    assert not recovering.done()  # cut while the start was under way
+    go_on.set()
+    assert await recovering is True and guard.restarts == 1 and guard.outages == 1

@@ -208,3 +208,22 @@ async def test_answer_knobs_change_at_run_time(start_sim: StartSim) -> None:
         assert (await client.post("/sim/answers", json={"seed": 3})).status_code == 400
         assert (await client.post("/sim/answers", json={"stop_probability": 2})).status_code == 400
         assert (await client.get("/sim/answers")).json()["stop_probability"] == 0.0
+
+
+def test_a_prompt_with_the_crash_text_brings_the_simulator_process_down() -> None:
+    """``crash_on_text``: the request is never answered, its connection drops and the process exits
+    as one aborted does (134), as a server at a kernel fault on one input; other prompts are answered."""
+    from sglang_launch.simulator import SimulatorProcess
+
+    config = SimConfig(time_scale=0.02, log_level="warning", faults=FaultConfig(crash_on_text="KILLER"))
+    with SimulatorProcess(config) as sim:
+
+        def ask(text: str) -> httpx.Response:
+            body = {"model": "sim-model", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+            return httpx.post(f"{sim.url}/v1/chat/completions", json=body, timeout=10)
+
+        assert ask("hello").status_code == 200
+        with pytest.raises(httpx.TransportError):
+            ask("a KILLER prompt")
+        proc = sim._proc
+        assert proc is not None and proc.wait(timeout=10) == 134
