@@ -120,6 +120,7 @@ class Pipeline:
             ),
             before_first=self._start.wait,
             after_last=self._sent.pop((category, index), None),
+            suspects=self.session.suspects,
         )
 
     def shard_window(self) -> int:

@@ -28,6 +28,7 @@ from flows.run.quality import TRUNCATED
 from flows.run.reasons import OTHER_REASONS
 from flows.run.regen import regenerate
 from flows.run.rows import output_row, reject_row
+from flows.run.suspects import SUSPECT_OUTAGES, SuspectGate
 from flows.say import SAY
 from flows.store.run_store import ShardWriter
 from prompts.records import PromptRecord
@@ -175,6 +176,7 @@ async def _ask(
     sink: CategorySink,
     patience: Patience,
     demand: Demand | None,
+    suspects: SuspectGate,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
 
@@ -186,7 +188,10 @@ async def _ask(
     healthy server, or that was in flight at ``OUTAGE_ROUNDS`` outages, ends as a retryable reject
     (``Rounds``): whose fault a failure was is known once its endpoint's health is, and an outage's
     is counted only once the run goes on (an endpoint answers): a run that stops at it leaves the
-    prompt unanswered, as it does all the others it stops with.
+    prompt unanswered, as it does all the others it stops with. A prompt in flight at
+    ``SUSPECT_OUTAGES`` outages is asked again only with no other such suspect in flight
+    (``suspects.py``): it waits for its turn without its slot, which prompts beside it fill, and
+    holds the turn until it settles (``pump_shard`` gives it back).
     """
     task = asyncio.current_task()
     assert task is not None
@@ -222,7 +227,12 @@ async def _ask(
             if rounds.spent(outage):
                 _reject_spent(record, sink, client, error, prompt_hash, rounds)
                 return
-            if serving and demand is not None:  # asked again from its start: the budget counts it as new
+            if rounds.outages >= SUSPECT_OUTAGES and not suspects.held_by(task):
+                # its turn among the suspects waited for without a slot: the batch goes on without it
+                await limiter.release(held.pop(task), demand)
+                await suspects.enter(record.id)
+                held[task] = await limiter.acquire(demand)
+            elif serving and demand is not None:  # asked again from its start: the budget counts it as new
                 held[task].admit(demand, time.monotonic())
             sink.tally.recovered += 1
         except Exception as error:  # not the server's fault nor the prompt's: a bug in reading the answer
@@ -318,21 +328,28 @@ def _reject_spent(
     rounds: Rounds,
 ) -> None:
     """A retryable reject for a prompt out of rounds; one in flight at every outage says so, and is
-    named in the log (the first of its category): it may be what brings the servers down."""
+    named in the log (the first of its category): it was the only suspect in flight at the last
+    (``suspects.py``), so it is most likely what brings the servers down. Retryable all the same: a
+    server that died for its own reasons three times with it in flight (an OOM at full load) looks
+    the same, and a resume asks it again."""
     if rounds.outages < OUTAGE_ROUNDS:
         _reject(record, sink, client, error, prompt_hash, retryable=True)
         return
     sink.tally.outage_rejects += 1
     if sink.tally.outage_rejects == 1:
         log.warning(
-            "category %s: prompt %s was in flight at %d server outages: a retryable reject, so that it "
-            "brings no more servers down (the rejects table names any more such)",
+            "category %s: prompt %s was in flight at %d server outages, the last with no other suspect in "
+            "flight: a retryable reject, so that it brings no more servers down (the rejects table names "
+            "any more such)",
             record.category,
             record.id,
             rounds.outages,
             extra=SAY,
         )
-    reason = f"in flight at {rounds.outages} server outages (it may bring the server down): {error.reason}"
+    reason = (
+        f"in flight at {rounds.outages} server outages, the last with no other suspect in flight (it "
+        f"brings the server down): {error.reason}"
+    )
     suspect = TransientRequestError(reason, status=error.status, attempts=error.attempts)
     _reject(record, sink, client, suspect, prompt_hash, retryable=True)
 
@@ -394,6 +411,7 @@ async def pump_shard(
     demand: CategoryDemand | None = None,
     before_first: Callable[[], Awaitable[None]] | None = None,
     after_last: Callable[[], None] | None = None,
+    suspects: SuspectGate | None = None,
 ) -> None:
     """Send every record of the shard, write every conversion reject; return when all are settled.
 
@@ -405,8 +423,10 @@ async def pump_shard(
     that with free slots to share (the start, a raised limit) the shards' dispatchers take them in
     turn instead of the first one taking them all. ``after_last`` is called once the dispatcher has
     sent its last prompt (or stopped): the shard then only waits for answers, and the pipeline starts
-    the next one instead of leaving the endpoints that answered theirs idle.
+    the next one instead of leaving the endpoints that answered theirs idle. ``suspects`` is the
+    run's gate (one suspect in flight across its shards, ``suspects.py``); without one, the shard's own.
     """
+    gate = suspects or SuspectGate()
     pending: set[asyncio.Task[None]] = set()
     held: Held = {}
     needs: dict[asyncio.Task[None], Demand | None] = {}
@@ -416,13 +436,14 @@ async def pump_shard(
         task = asyncio.current_task()
         assert task is not None
         try:
-            await _ask(item, held, limiter, category, sampling, sink, patience, need)
+            await _ask(item, held, limiter, category, sampling, sink, patience, need, gate)
         except FatalEndpointError as error:
             fatal.append(error)
             await limiter.close(error.reason)
         except GateClosed:
             pass  # the run stops while this prompt moved endpoints: a resume sends it
         finally:
+            gate.leave(task)
             lane = held.pop(task, None)
             needs.pop(task, None)
             if lane is not None:

@@ -25,6 +25,7 @@ from flows.control.wiring import Control
 from flows.run.categories import Categories
 from flows.run.endpoints import EndpointPool, SecretLoader
 from flows.run.pump import Patience
+from flows.run.suspects import SuspectGate
 from flows.store.flusher import Flusher
 from flows.store.parts import Part
 from flows.store.run_store import RunStore
@@ -76,6 +77,8 @@ class RunSession:
         self.patience = Patience(
             outage_s=config.retry.outage_patience_s, failover_s=config.retry.failover_after_s
         )
+        self.suspects = SuspectGate()
+        """One prompt at a time among those in flight at two server outages, across the categories."""
         self._control: Control | None = None
         self._flusher = Flusher(self.categories.writers)
         self.report_every_s = report_every_s

@@ -128,6 +128,32 @@ async def test_a_launched_server_that_dies_is_restarted_and_the_run_continues(tm
     assert children(os.getpid(), b"sglang_launch.simulator") == []  # stopped at the end of the run
 
 
+async def test_a_prompt_that_brings_its_server_down_is_found_alone_and_the_batch_beside_it_answered(
+    tmp_path: Path,
+) -> None:
+    """One of 40 prompts brings the server down the moment it arrives (``crash_on_text``: the process
+    exits, as at a kernel fault), the 40 in flight at once. The run restarts the server it launched
+    each time; in flight at two deaths, every prompt is asked again with no other such suspect in
+    flight, so the killer is alone among them at its third: it is the only reject, the 39 beside it
+    rows, and the server started four times (the first start and three restarts)."""
+    config = _launching_config(tmp_path, "killer", 40, 0.2)
+    crash = '"--crash-on-text", "KILLER", "--log-level"'
+    config.write_text(config.read_text().replace('"--log-level"', crash))
+    source = tmp_path / "prompts.jsonl"
+    lines = source.read_text().splitlines()
+    killer = json.loads(lines[7])
+    killer["messages"][0]["content"] += " KILLER"
+    lines[7] = json.dumps(killer)
+    source.write_text("\n".join(lines) + "\n")
+    status = await asyncio.wait_for(execute(load_config(config), use_prefect=False), 240)
+    check = check_run(tmp_path / "killer")
+    assert list(check.reject_ids) == ["p00007"], check.reject_reasons
+    (reason,) = check.reject_reasons
+    assert reason.startswith("in flight at 3 server outages, the last with no other suspect in flight")
+    assert len(check.row_ids) == 39 and check.duplicates == 0 and status.rows == 39
+    assert len(list((tmp_path / "server-logs").glob("*.log"))) == 4
+
+
 def test_a_resume_after_kill_9_stops_the_server_the_killed_run_left(tmp_path: Path) -> None:
     """The server runs in its own session, so a kill -9 of the run leaves it holding its GPUs; the
     same command again (the resume) stops it before it launches its own, and finishes the run."""
@@ -343,9 +369,10 @@ def test_prompts_in_flight_when_a_lone_server_dies_a_third_time_for_good_are_ask
     tmp_path: Path,
 ) -> None:
     """A lone server restarts twice with every prompt in flight and then dies for good: the run stops
-    (exit 3). Its prompts were in flight at three outages, none of them their fault: no reject (each
-    a row to pay for, and a duplicate of the row the resume makes), and the same command asks each
-    of them once."""
+    (exit 3). In flight at two outages, every prompt is a suspect, asked again one at a time; the one
+    in flight at the third outage was there through no fault of its own: no reject (a row to pay
+    for, and a duplicate of the row the resume makes), and the same command asks each prompt not yet
+    answered once."""
     prompts = 40
     source = tmp_path / "prompts.jsonl"
     write_prompts(source, prompts)
@@ -370,15 +397,21 @@ def test_prompts_in_flight_when_a_lone_server_dies_a_third_time_for_good_are_ask
         for _ in range(2):
             all_running()
             sim.restart(4.0)  # longer than the client's retries: each prompt waits for the server
-        all_running()
+        deadline = time.monotonic() + 60
+        while sim.stats()["running"] < 1:  # the first suspect's turn
+            assert proc.poll() is None and time.monotonic() < deadline, "no suspect was asked again"
+            time.sleep(0.05)
+        running = [sim.stats()["running"] for _ in range(20)]
+        assert max(running) == 1, f"suspects asked at once: {running}"
         sim.kill()
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 3, out.decode()[-2000:]
+        assert b"asked again one at a time" in out
         stopped = check_run(tmp_path / "thrice")
-        assert stopped.row_ids == [] and stopped.reject_ids == [], stopped.reject_reasons
-        sim.start()  # the server is back (same port): the same command asks each prompt once
+        assert stopped.reject_ids == [], stopped.reject_reasons
+        sim.start()  # the server is back (same port): the same command asks each prompt left once
         again = datagen("run", str(config), "--no-prefect")
         assert again.wait(timeout=120) == 0
-        assert sim.stats()["requests_received"] == prompts
+        assert sim.stats()["requests_received"] == prompts - len(stopped.row_ids)
     final = check_run(tmp_path / "thrice")
     assert len(final.row_ids) == prompts and final.duplicates == 0 and final.reject_ids == []

@@ -570,9 +570,10 @@ class Relauncher:
     """The ``Engine`` of a server the run launched: ``ensure_running`` restarts it when it is down,
     ``restarts`` times; the start after those fails (as ``LaunchedEngine``'s does: it raises)."""
 
-    def __init__(self, server: DyingServer, restarts: float = math.inf) -> None:
+    def __init__(self, server: DyingServer, restarts: float = math.inf, start_s: float = 0.0) -> None:
         self.server = server
         self.restarts = restarts
+        self.start_s = start_s
 
     def ensure_running(self, on_start: Callable[[], object] | None = None) -> list[str]:
         if self.server.alive:
@@ -582,14 +583,17 @@ class Relauncher:
         if not self.restarts:
             raise RuntimeError("the server did not start")
         self.restarts -= 1
+        time.sleep(self.start_s)  # in the guard's thread, as a real start
         self.server.alive = True
         return ["restarted"]
 
 
-def _dying_lane(server: DyingServer, limit: int, *, relaunched: bool, restarts: float = math.inf) -> Lane:
-    """A lane on ``server`` with a real guard: one the run restarts (``restarts`` times), or one gone
-    once it dies."""
-    engine = Relauncher(server, restarts) if relaunched else None
+def _dying_lane(
+    server: DyingServer, limit: int, *, relaunched: bool, restarts: float = math.inf, start_s: float = 0.0
+) -> Lane:
+    """A lane on ``server`` with a real guard: one the run restarts (``restarts`` times, each start
+    taking ``start_s``), or one gone once it dies."""
+    engine = Relauncher(server, restarts, start_s) if relaunched else None
     guard = EndpointGuard(server.endpoint, engine, poll_s=0.01)  # type: ignore[arg-type]
     guard.healthy = lambda: asyncio.sleep(0, server.alive)  # type: ignore[method-assign]
     return Lane(Endpoint(server, guard), GuardedLimit(FixedLimit(limit), guard.is_up))  # type: ignore[arg-type]
@@ -621,6 +625,20 @@ async def test_outages_a_prompt_lived_through_do_not_spend_its_rounds_on_a_healt
     assert lanes[1].endpoint.guard.restarts == 1 and not b.script  # it went through all of it
 
 
+async def _pump_on(lane: Lane, items: list[Ask], sink: CategorySink) -> None:
+    """The items through one lane, within 10 s."""
+    await asyncio.wait_for(
+        pump_shard(
+            items,
+            limiter=Limiter([lane]),
+            category=CATEGORY,
+            sampling=SamplingParams(max_tokens=8),
+            sink=sink,
+        ),
+        10,
+    )
+
+
 async def test_a_prompt_that_brings_the_server_down_each_time_is_rejected_after_three_outages(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -630,22 +648,13 @@ async def test_a_prompt_that_brings_the_server_down_each_time_is_rejected_after_
     server = DyingServer("http://a")
     lane = _dying_lane(server, limit=1, relaunched=True)
     sink = _sink(tmp_path)
-    await asyncio.wait_for(
-        pump_shard(
-            [_item(0, "kills")] + [_item(i, "ok") for i in range(1, 6)],
-            limiter=Limiter([lane]),
-            category=CATEGORY,
-            sampling=SamplingParams(max_tokens=8),
-            sink=sink,
-        ),
-        10,
-    )
+    await _pump_on(lane, [_item(0, "kills")] + [_item(i, "ok") for i in range(1, 6)], sink)
     (reject,) = sink.rejects._rows
     assert reject["id"] == "p0" and reject["retryable"] is True
     assert reject["reason"].startswith("in flight at 3 server outages")
     assert server.deaths == 3  # sent three times, each time it brought the server down
     assert sink.tally.rows == 5 and lane.endpoint.guard.restarts == 3
-    (named,) = [r.getMessage() for r in caplog.records if "server outages" in r.getMessage()]
+    (named,) = [r.getMessage() for r in caplog.records if "a retryable reject" in r.getMessage()]
     assert "prompt p0 was in flight at 3 server outages" in named
 
 
@@ -715,3 +724,40 @@ async def test_a_lone_server_dying_again_right_after_its_restart_leaves_its_prom
         )
     assert server.deaths == 2 and guard.restarts == 1
     assert sink.rejects._rows == [] and sink.tally.rows == 0
+
+
+class BatchServer(DyingServer):
+    """Answers after 50 ms, and a request in flight when the server dies fails with it; a killer
+    brings it down 20 ms into its request (a fault in the decode): the batch beside a killer is in
+    flight at each of its deaths."""
+
+    async def generate(self, messages, tools, sampling):  # type: ignore[no-untyped-def]
+        if not self.alive:
+            return await super().generate(messages, tools, sampling)
+        life = self.deaths
+        await asyncio.sleep(0.02 if messages[-1]["content"] == "kills" else 0.05)
+        if messages[-1]["content"] == "kills":
+            return await super().generate(messages, tools, sampling)
+        if not self.alive or self.deaths != life:
+            raise TransientRequestError("connection reset", attempts=6)
+        return await super().generate(messages, tools, sampling)
+
+
+async def test_a_killer_among_a_batch_is_found_alone_and_the_batch_beside_it_is_answered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A prompt that brings the server down, sent in a batch: the batch is in flight at its first two
+    deaths, and every prompt in flight at three used to be rejected with it (a resume asked them all
+    again, and the killer brought the server down three more times). In flight at a second outage, a
+    prompt is asked again only with no other such suspect in flight: the killer is alone among them
+    at its third death, the only reject; the five beside it are rows, and three deaths in all."""
+    server = BatchServer("http://a")
+    lane = _dying_lane(server, limit=6, relaunched=True, start_s=0.1)
+    sink = _sink(tmp_path)
+    await _pump_on(lane, [_item(i, "ok") for i in range(1, 6)] + [_item(0, "kills")], sink)
+    (reject,) = sink.rejects._rows
+    assert reject["id"] == "p0" and reject["retryable"] is True
+    assert "no other suspect in flight" in reject["reason"], reject["reason"]
+    assert server.deaths == 3
+    assert sorted(row["id"] for row in sink.rows._rows) == [f"p{i}" for i in range(1, 6)]
+    assert sink.tally.outage_rejects == 1
