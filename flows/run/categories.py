@@ -13,6 +13,7 @@ from flows.config import CategoryConfig, RunConfig
 from flows.control.demand import RECENT_ANSWERS
 from flows.run.prompt_stream import StreamCounts
 from flows.run.pump import CategorySink, Tally
+from flows.run.suspects import convicted
 from flows.store.run_store import CategoryState, RunStore, ShardWriter
 from prompts.dedup import DedupIndex
 
@@ -91,6 +92,12 @@ class Categories:
                 self.earlier_answers[category.name] = self.store.recent_answers(
                     category.name, max_tokens, RECENT_ANSWERS
                 )
+
+    def convicted(self, name: str) -> set[str]:
+        """The category's prompts an earlier start rejected alone among suspects (``suspects.py``)
+        and no start has answered since: this start asks each alone from the first."""
+        state = self.states.get(name)
+        return convicted(state.retryable_reasons) - state.row_ids if state else set()
 
     def tallies(self) -> dict[str, Tally]:
         return {name: run.sink.tally for name, run in self.runs.items()}

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from flows.client.endpoint import EndpointClient
@@ -28,7 +28,7 @@ from flows.run.quality import TRUNCATED
 from flows.run.reasons import OTHER_REASONS
 from flows.run.regen import regenerate
 from flows.run.rows import output_row, reject_row
-from flows.run.suspects import SUSPECT_OUTAGES, SuspectGate
+from flows.run.suspects import CONVICTED_AGAIN, LONE_SUSPECT, OUTAGE_ROUNDS, SUSPECT_OUTAGES, SuspectGate
 from flows.say import SAY
 from flows.store.run_store import ShardWriter
 from prompts.records import PromptRecord
@@ -105,15 +105,6 @@ def _source(record: PromptRecord) -> dict[str, object]:
 RECOVERY_ROUNDS = 3
 """Times a prompt may fail (its retries run out) on a server found healthy right after: then it is a
 retryable reject, the prompt's fault (a poison prompt), not the server's."""
-OUTAGE_ROUNDS = 3
-"""Server outages (a death, a restart, an endpoint given up on) a prompt may be in flight at: then it
-is a retryable reject too, once the run goes on (an outage that stops it counts for no prompt: each
-is left for the resume). An outage is not the prompt's fault and spends none of its
-``RECOVERY_ROUNDS`` (two in a run, A dying and then B restarting, made a reject of the prompt's first
-failure after them), but a prompt that brings down every server it is sent to (a kernel fault on one
-input) would have the run restart servers for ever. Three, what it cost before outages were counted
-apart: an innocent prompt, in flight minutes, is at three deaths only if servers die every few
-minutes, and the prompts beside a killer at each of its deaths share its reject (a resume asks all)."""
 
 
 @dataclass
@@ -124,6 +115,15 @@ class Rounds:
     """On a server that was serving right after: the prompt's."""
     outages: int = 0
     """With its server down, restarted or given up on: the server's, or a prompt that kills it."""
+    convicted: bool = False
+    """An earlier start of the run rejected it alone among suspects at its third outage: this start
+    asks it as a suspect from the first (``SUSPECT_OUTAGES`` counted), and its next outage is its
+    last (``suspects.py``)."""
+
+    @classmethod
+    def first(cls, convicted: bool) -> Rounds:
+        """A prompt's rounds as this start first asks it."""
+        return cls(outages=SUSPECT_OUTAGES, convicted=True) if convicted else cls()
 
     def spent(self, outage: bool) -> bool:
         """Count one failure; whether the prompt has had all the rounds it gets."""
@@ -177,6 +177,7 @@ async def _ask(
     patience: Patience,
     demand: Demand | None,
     suspects: SuspectGate,
+    rounds: Rounds,
 ) -> None:
     """One prompt to exactly one row or one reject; a fatal endpoint error propagates.
 
@@ -196,8 +197,12 @@ async def _ask(
     task = asyncio.current_task()
     assert task is not None
     record, prompt_hash = item.record, item.prompt_hash
-    rounds = Rounds()
     while True:
+        if rounds.outages >= SUSPECT_OUTAGES and not suspects.held_by(task):
+            # its turn among the suspects waited for without a slot: the batch goes on without it
+            await limiter.release(held.pop(task), demand)
+            await suspects.enter(record.id, rounds.convicted)
+            held[task] = await limiter.acquire(demand)
         lane = held[task]
         client, guard = lane.endpoint.client, lane.endpoint.guard
         outages_before = guard.outages
@@ -227,12 +232,7 @@ async def _ask(
             if rounds.spent(outage):
                 _reject_spent(record, sink, client, error, prompt_hash, rounds)
                 return
-            if rounds.outages >= SUSPECT_OUTAGES and not suspects.held_by(task):
-                # its turn among the suspects waited for without a slot: the batch goes on without it
-                await limiter.release(held.pop(task), demand)
-                await suspects.enter(record.id)
-                held[task] = await limiter.acquire(demand)
-            elif serving and demand is not None:  # asked again from its start: the budget counts it as new
+            if serving and demand is not None:  # asked again from its start: the budget counts it as new
                 held[task].admit(demand, time.monotonic())
             sink.tally.recovered += 1
         except Exception as error:  # not the server's fault nor the prompt's: a bug in reading the answer
@@ -331,27 +331,30 @@ def _reject_spent(
     named in the log (the first of its category): it was the only suspect in flight at the last
     (``suspects.py``), so it is most likely what brings the servers down. Retryable all the same: a
     server that died for its own reasons three times with it in flight (an OOM at full load) looks
-    the same, and a resume asks it again."""
+    the same, and the next start asks it again, alone, before anything else of it is known. One that
+    brings the server down then too is a final reject: asked again at every start (a scheduled run
+    starts every hour), it brought the server down at each."""
     if rounds.outages < OUTAGE_ROUNDS:
         _reject(record, sink, client, error, prompt_hash, retryable=True)
         return
     sink.tally.outage_rejects += 1
+    if rounds.convicted:
+        head, said = CONVICTED_AGAIN, "a final reject, not asked again"
+    else:
+        head, said = f"was {LONE_SUSPECT}", "a retryable reject, asked again alone at the next start"
     if sink.tally.outage_rejects == 1:
         log.warning(
-            "category %s: prompt %s was in flight at %d server outages, the last with no other suspect in "
-            "flight: a retryable reject, so that it brings no more servers down (the rejects table names "
-            "any more such)",
+            "category %s: prompt %s %s: %s (the rejects table names any more such)",
             record.category,
             record.id,
-            rounds.outages,
+            head,
+            said,
             extra=SAY,
         )
-    reason = (
-        f"in flight at {rounds.outages} server outages, the last with no other suspect in flight (it "
-        f"brings the server down): {error.reason}"
-    )
-    suspect = TransientRequestError(reason, status=error.status, attempts=error.attempts)
-    _reject(record, sink, client, suspect, prompt_hash, retryable=True)
+    what = CONVICTED_AGAIN if rounds.convicted else f"{LONE_SUSPECT} (it brings the server down)"
+    what = f"{what}: {error.reason}"
+    suspect = TransientRequestError(what, status=error.status, attempts=error.attempts)
+    _reject(record, sink, client, suspect, prompt_hash, retryable=not rounds.convicted)
 
 
 def _reject_internal(
@@ -412,6 +415,7 @@ async def pump_shard(
     before_first: Callable[[], Awaitable[None]] | None = None,
     after_last: Callable[[], None] | None = None,
     suspects: SuspectGate | None = None,
+    convicted: Collection[str] = (),
 ) -> None:
     """Send every record of the shard, write every conversion reject; return when all are settled.
 
@@ -425,6 +429,7 @@ async def pump_shard(
     sent its last prompt (or stopped): the shard then only waits for answers, and the pipeline starts
     the next one instead of leaving the endpoints that answered theirs idle. ``suspects`` is the
     run's gate (one suspect in flight across its shards, ``suspects.py``); without one, the shard's own.
+    ``convicted``: the ids an earlier start rejected alone among suspects (``Rounds.convicted``).
     """
     gate = suspects or SuspectGate()
     pending: set[asyncio.Task[None]] = set()
@@ -436,7 +441,8 @@ async def pump_shard(
         task = asyncio.current_task()
         assert task is not None
         try:
-            await _ask(item, held, limiter, category, sampling, sink, patience, need, gate)
+            rounds = Rounds.first(item.record.id in convicted)
+            await _ask(item, held, limiter, category, sampling, sink, patience, need, gate, rounds)
         except FatalEndpointError as error:
             fatal.append(error)
             await limiter.close(error.reason)

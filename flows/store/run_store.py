@@ -271,6 +271,9 @@ class CategoryState:
     row_ids: set[str] = field(default_factory=set)
     final_reject_ids: set[str] = field(default_factory=set)
     retryable_reject_ids: set[str] = field(default_factory=set)
+    retryable_reasons: dict[str, str] = field(default_factory=dict)
+    """Why each retryable reject was made (the last shard's read, for an id rejected at several
+    starts): what a start asks it with may depend on it (``flows/run/suspects.py``)."""
     prompt_hashes: set[str] = field(default_factory=set)
     """Dedup keys of the prompts this category already holds (rows and final rejects)."""
     source_reject_ids: set[str] = field(default_factory=set)
@@ -287,12 +290,18 @@ class CategoryState:
         return self.row_ids | self.final_reject_ids
 
     def add_reject(
-        self, record_id: str, retryable: bool, prompt_hash: str | None = None, stage: str | None = None
+        self,
+        record_id: str,
+        retryable: bool,
+        prompt_hash: str | None = None,
+        stage: str | None = None,
+        reason: str | None = None,
     ) -> None:
         """One reject read from a shard: a final one also holds its prompt's dedup key, and one of a
         source row no format could read (stage ``convert``) is not a record."""
         if retryable:
             self.retryable_reject_ids.add(record_id)
+            self.retryable_reasons[record_id] = reason or ""
             return
         self.final_reject_ids.add(record_id)
         if prompt_hash:
@@ -559,12 +568,12 @@ class RunStore:
         for _, table in self.shard_tables(self.data_dir(category), ["id", "prompt_hash"]):
             state.row_ids.update(table.column("id").to_pylist())
             state.prompt_hashes.update(h for h in table.column("prompt_hash").to_pylist() if h)
-        columns = ["id", "retryable", "prompt_hash", "stage"]
+        columns = ["id", "retryable", "prompt_hash", "stage", "reason"]
         for _, table in self.shard_tables(self.rejects_dir(category), columns):
-            for rid, retryable, key, stage in zip(
+            for rid, retryable, key, stage, reason in zip(
                 *(table.column(name).to_pylist() for name in columns), strict=True
             ):
-                state.add_reject(rid, retryable, key, stage)
+                state.add_reject(rid, retryable, key, stage, reason)
         return state
 
     def recent_answers(self, category: str, max_tokens: int, count: int) -> list[int]:

@@ -135,7 +135,9 @@ async def test_a_prompt_that_brings_its_server_down_is_found_alone_and_the_batch
     exits, as at a kernel fault), the 40 in flight at once. The run restarts the server it launched
     each time; in flight at two deaths, every prompt is asked again with no other such suspect in
     flight, so the killer is alone among them at its third: it is the only reject, the 39 beside it
-    rows, and the server started four times (the first start and three restarts)."""
+    rows, and the server started four times (the first start and three restarts). The next start
+    asks it alone first: it brings the server down once more and is a final reject, which the start
+    after does not ask."""
     config = _launching_config(tmp_path, "killer", 40, 0.2)
     crash = '"--crash-on-text", "KILLER", "--log-level"'
     config.write_text(config.read_text().replace('"--log-level"', crash))
@@ -152,6 +154,17 @@ async def test_a_prompt_that_brings_its_server_down_is_found_alone_and_the_batch
     assert reason.startswith("in flight at 3 server outages, the last with no other suspect in flight")
     assert len(check.row_ids) == 39 and check.duplicates == 0 and status.rows == 39
     assert len(list((tmp_path / "server-logs").glob("*.log"))) == 4
+    # the next start asks it alone first: one death, a final reject; the start after asks nothing
+    again = await asyncio.wait_for(execute(load_config(config), use_prefect=False), 240)
+    check = check_run(tmp_path / "killer")
+    assert check.reject_ids == ["p00007", "p00007"] and check.retryable_ids == {"p00007"}
+    (final,) = [r for r in check.reject_reasons if not r.startswith("in flight at 3")]
+    assert final.startswith("brought the server down again, asked alone"), final
+    assert len(check.row_ids) == 39 and len(set(check.row_ids)) == 39 and again.rows == 39
+    assert len(list((tmp_path / "server-logs").glob("*.log"))) == 6  # its start and one restart
+    last = await asyncio.wait_for(execute(load_config(config), use_prefect=False), 240)
+    after = check_run(tmp_path / "killer")
+    assert last.rows == 39 and len(after.row_ids) == 39 and len(after.reject_ids) == 2
 
 
 def test_a_resume_after_kill_9_stops_the_server_the_killed_run_left(tmp_path: Path) -> None:
@@ -406,7 +419,7 @@ def test_prompts_in_flight_when_a_lone_server_dies_a_third_time_for_good_are_ask
         sim.kill()
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 3, out.decode()[-2000:]
-        assert b"asked again one at a time" in out
+        assert b"suspects are asked one at a time" in out
         stopped = check_run(tmp_path / "thrice")
         assert stopped.reject_ids == [], stopped.reject_reasons
         sim.start()  # the server is back (same port): the same command asks each prompt left once

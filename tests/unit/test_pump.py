@@ -625,8 +625,10 @@ async def test_outages_a_prompt_lived_through_do_not_spend_its_rounds_on_a_healt
     assert lanes[1].endpoint.guard.restarts == 1 and not b.script  # it went through all of it
 
 
-async def _pump_on(lane: Lane, items: list[Ask], sink: CategorySink) -> None:
-    """The items through one lane, within 10 s."""
+async def _pump_on(
+    lane: Lane, items: list[Ask], sink: CategorySink, convicted: frozenset[str] = frozenset()
+) -> None:
+    """The items through one lane, within 10 s (``convicted``: as ``pump_shard`` takes them)."""
     await asyncio.wait_for(
         pump_shard(
             items,
@@ -634,6 +636,7 @@ async def _pump_on(lane: Lane, items: list[Ask], sink: CategorySink) -> None:
             category=CATEGORY,
             sampling=SamplingParams(max_tokens=8),
             sink=sink,
+            convicted=convicted,
         ),
         10,
     )
@@ -761,3 +764,22 @@ async def test_a_killer_among_a_batch_is_found_alone_and_the_batch_beside_it_is_
     assert server.deaths == 3
     assert sorted(row["id"] for row in sink.rows._rows) == [f"p{i}" for i in range(1, 6)]
     assert sink.tally.outage_rejects == 1
+
+
+async def test_a_prompt_an_earlier_start_rejected_alone_is_asked_alone_first_and_final_if_it_kills_again(
+    tmp_path: Path,
+) -> None:
+    """An earlier start rejected p0 alone among suspects at its third outage. This start asks it as a
+    suspect from the first: it brings the server down once more, beside five others in flight, and
+    is a final reject that no start asks again (before: three deaths at every start); the five
+    beside it are rows. A prompt an earlier start rejected so, that this one answers, is a row."""
+    server = BatchServer("http://a")
+    lane = _dying_lane(server, limit=6, relaunched=True, start_s=0.1)
+    sink = _sink(tmp_path)
+    items = [_item(0, "kills"), _item(6, "ok")] + [_item(i, "ok") for i in range(1, 6)]
+    await _pump_on(lane, items, sink, convicted=frozenset({"p0", "p6"}))
+    (reject,) = sink.rejects._rows
+    assert reject["id"] == "p0" and reject["retryable"] is False
+    assert reject["reason"].startswith("brought the server down again"), reject["reason"]
+    assert server.deaths == 1
+    assert sorted(row["id"] for row in sink.rows._rows) == [f"p{i}" for i in range(1, 7)]
