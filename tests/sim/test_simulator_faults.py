@@ -79,6 +79,7 @@ async def test_fault_knobs_change_at_run_time(start_sim: StartSim, captured: Cap
             "stall_stream_rate": 0.0,
             "stall_s": 60.0,
             "first_token_delay_s": 0.0,
+            "crash_on_text": None,
         }
         refused = await client.post(CHAT, json=body(4))
         assert refused.status_code == 503 and refused.content == captured.bytes("chat_queue_full_503.json")
