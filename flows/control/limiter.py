@@ -198,6 +198,8 @@ class Limiter(Generic[T]):
             raise ValueError("at least one endpoint is needed")
         self.lanes = lanes
         self.waiting = 0
+        self._waited_at = time.monotonic()
+        """When an admission last had to wait for a slot (at first, the start)."""
         self._changed = asyncio.Condition()
         self._queue: deque[object] = deque()
         """One ticket per waiter, in arrival order: the head is served first."""
@@ -208,6 +210,12 @@ class Limiter(Generic[T]):
     @property
     def in_flight(self) -> int:
         return sum(lane.in_flight for lane in self.lanes)
+
+    def unused_for(self) -> float:
+        """Seconds since an admission last had to wait for a slot (0 while one waits): how long the
+        lanes have had room that no prompt was waiting to take (the run's last prompts, a source
+        slower than the servers)."""
+        return 0.0 if self.waiting else time.monotonic() - self._waited_at
 
     def _best(self, now: float) -> tuple[Lane[T] | None, float | None]:
         """The lane with the most room whose pacer admits now; else how long until a paced lane
@@ -255,6 +263,7 @@ class Limiter(Generic[T]):
             self.waiting += 1
             ticket = object()
             self._queue.append(ticket)
+            waited = False
             try:
                 while True:
                     if self.closed_reason is not None:
@@ -263,6 +272,7 @@ class Limiter(Generic[T]):
                     lane, wait = self._best(now) if self._queue[0] is ticket else (None, None)
                     if lane is not None:
                         break
+                    waited = True
                     if wait is None:
                         await self._changed.wait()
                     else:  # room, but paced: wake when the bucket allows, or earlier on a change
@@ -270,6 +280,8 @@ class Limiter(Generic[T]):
                             await asyncio.wait_for(self._changed.wait(), wait)
             finally:
                 self.waiting -= 1
+                if waited:
+                    self._waited_at = time.monotonic()
                 if self._queue[0] is ticket and len(self._queue) > 1:
                     self._changed.notify_all()  # served or cancelled: the next in line may have room
                 self._queue.remove(ticket)

@@ -201,11 +201,11 @@ async def _ask(
         if rounds.outages >= SUSPECT_OUTAGES and not suspects.held_by(task):
             # its turn among the suspects waited for without a slot: the batch goes on without it
             await limiter.release(held.pop(task), demand)
-            await suspects.enter(record.id, rounds.convicted)
+            await suspects.enter(record.id, rounds.convicted, limiter.unused_for)
             held[task] = await limiter.acquire(demand)
         lane = held[task]
         client, guard = lane.endpoint.client, lane.endpoint.guard
-        outages_before = guard.outages
+        outages_before, sent = guard.outages, suspects.sent(task)
         try:
             regenerated = await guard.serve(regenerate(record, client, sampling, category.mode))
             break
@@ -229,7 +229,12 @@ async def _ask(
                 # server is unanswered (the resume asks it once), not a reject row to pay for
                 await limiter.release(held.pop(task), demand)
                 held[task] = await _another_lane(limiter, demand, patience_left_at, error, patience)
-            if rounds.spent(outage):
+            if outage and suspects.held_by(task) and not suspects.alone(sent):
+                # with other suspects: none is counted, fewer go together next
+                suspects.split(task, (guard, guard.outages))
+            elif rounds.spent(outage):
+                if outage and suspects.held_by(task):
+                    suspects.convicted()
                 _reject_spent(record, sink, client, error, prompt_hash, rounds)
                 return
             if serving and demand is not None:  # asked again from its start: the budget counts it as new

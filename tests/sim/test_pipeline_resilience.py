@@ -133,11 +133,10 @@ async def test_a_prompt_that_brings_its_server_down_is_found_alone_and_the_batch
 ) -> None:
     """One of 40 prompts brings the server down the moment it arrives (``crash_on_text``: the process
     exits, as at a kernel fault), the 40 in flight at once. The run restarts the server it launched
-    each time; in flight at two deaths, every prompt is asked again with no other such suspect in
-    flight, so the killer is alone among them at its third: it is the only reject, the 39 beside it
-    rows, and the server started four times (the first start and three restarts). The next start
-    asks it alone first: it brings the server down once more and is a final reject, which the start
-    after does not ask."""
+    each time; in flight at two deaths, every prompt is a suspect; none waiting for a slot, they go
+    together, half as many after each death among them, until the killer is alone at a death: it
+    is the only reject, the 39 beside it rows. The next start asks it alone first: it brings the
+    server down once more and is a final reject, which the start after does not ask."""
     config = _launching_config(tmp_path, "killer", 40, 0.2)
     crash = '"--crash-on-text", "KILLER", "--log-level"'
     config.write_text(config.read_text().replace('"--log-level"', crash))
@@ -153,7 +152,8 @@ async def test_a_prompt_that_brings_its_server_down_is_found_alone_and_the_batch
     (reason,) = check.reject_reasons
     assert reason.startswith("in flight at 3 server outages, the last with no other suspect in flight")
     assert len(check.row_ids) == 39 and check.duplicates == 0 and status.rows == 39
-    assert len(list((tmp_path / "server-logs").glob("*.log"))) == 4
+    starts = len(list((tmp_path / "server-logs").glob("*.log")))
+    assert 4 <= starts <= 1 + 2 + 6 + 1, starts  # two deaths, groups of 40 down to 1 at most, alone
     # the next start asks it alone first: one death, a final reject; the start after asks nothing
     again = await asyncio.wait_for(execute(load_config(config), use_prefect=False), 240)
     check = check_run(tmp_path / "killer")
@@ -161,7 +161,7 @@ async def test_a_prompt_that_brings_its_server_down_is_found_alone_and_the_batch
     (final,) = [r for r in check.reject_reasons if not r.startswith("in flight at 3")]
     assert final.startswith("brought the server down again, asked alone"), final
     assert len(check.row_ids) == 39 and len(set(check.row_ids)) == 39 and again.rows == 39
-    assert len(list((tmp_path / "server-logs").glob("*.log"))) == 6  # its start and one restart
+    assert len(list((tmp_path / "server-logs").glob("*.log"))) == starts + 2  # its start, one restart
     last = await asyncio.wait_for(execute(load_config(config), use_prefect=False), 240)
     after = check_run(tmp_path / "killer")
     assert last.rows == 39 and len(after.row_ids) == 39 and len(after.reject_ids) == 2
@@ -382,10 +382,10 @@ def test_prompts_in_flight_when_a_lone_server_dies_a_third_time_for_good_are_ask
     tmp_path: Path,
 ) -> None:
     """A lone server restarts twice with every prompt in flight and then dies for good: the run stops
-    (exit 3). In flight at two outages, every prompt is a suspect, asked again one at a time; the one
-    in flight at the third outage was there through no fault of its own: no reject (a row to pay
-    for, and a duplicate of the row the resume makes), and the same command asks each prompt not yet
-    answered once."""
+    (exit 3). In flight at two outages, every prompt is a suspect; none waiting for a slot (the run's
+    last prompts), they are asked again together, and at the third outage together none is counted.
+    None was there through a fault of its own: no reject (each a row to pay for, and a duplicate of
+    the row the resume makes), and the same command asks each of them once."""
     prompts = 40
     source = tmp_path / "prompts.jsonl"
     write_prompts(source, prompts)
@@ -410,21 +410,16 @@ def test_prompts_in_flight_when_a_lone_server_dies_a_third_time_for_good_are_ask
         for _ in range(2):
             all_running()
             sim.restart(4.0)  # longer than the client's retries: each prompt waits for the server
-        deadline = time.monotonic() + 60
-        while sim.stats()["running"] < 1:  # the first suspect's turn
-            assert proc.poll() is None and time.monotonic() < deadline, "no suspect was asked again"
-            time.sleep(0.05)
-        running = [sim.stats()["running"] for _ in range(20)]
-        assert max(running) == 1, f"suspects asked at once: {running}"
+        all_running()
         sim.kill()
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 3, out.decode()[-2000:]
-        assert b"suspects are asked one at a time" in out
+        assert b"is a suspect (in flight at two server outages)" in out
         stopped = check_run(tmp_path / "thrice")
-        assert stopped.reject_ids == [], stopped.reject_reasons
-        sim.start()  # the server is back (same port): the same command asks each prompt left once
+        assert stopped.row_ids == [] and stopped.reject_ids == [], stopped.reject_reasons
+        sim.start()  # the server is back (same port): the same command asks each prompt once
         again = datagen("run", str(config), "--no-prefect")
         assert again.wait(timeout=120) == 0
-        assert sim.stats()["requests_received"] == prompts - len(stopped.row_ids)
+        assert sim.stats()["requests_received"] == prompts
     final = check_run(tmp_path / "thrice")
     assert len(final.row_ids) == prompts and final.duplicates == 0 and final.reject_ids == []

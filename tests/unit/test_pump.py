@@ -19,6 +19,7 @@ from flows.control.limiter import Lane, Limiter
 from flows.run.prompt_stream import Ask, Reject, dedup_key
 from flows.run.pump import CategorySink, Patience, RunAborted, Tally, pump_shard
 from flows.run.rows import reject_row
+from flows.run.suspects import SuspectGate
 from flows.store.run_store import RunStore
 from prompts.records import PromptRecord, SourceRef
 
@@ -626,9 +627,13 @@ async def test_outages_a_prompt_lived_through_do_not_spend_its_rounds_on_a_healt
 
 
 async def _pump_on(
-    lane: Lane, items: list[Ask], sink: CategorySink, convicted: frozenset[str] = frozenset()
+    lane: Lane,
+    items: list[Ask],
+    sink: CategorySink,
+    convicted: frozenset[str] = frozenset(),
+    suspects: SuspectGate | None = None,
 ) -> None:
-    """The items through one lane, within 10 s (``convicted``: as ``pump_shard`` takes them)."""
+    """The items through one lane, within 10 s (``convicted``, ``suspects``: as ``pump_shard`` takes them)."""
     await asyncio.wait_for(
         pump_shard(
             items,
@@ -637,6 +642,7 @@ async def _pump_on(
             sampling=SamplingParams(max_tokens=8),
             sink=sink,
             convicted=convicted,
+            suspects=suspects,
         ),
         10,
     )
@@ -747,39 +753,58 @@ class BatchServer(DyingServer):
 
 
 async def test_a_killer_among_a_batch_is_found_alone_and_the_batch_beside_it_is_answered(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
 ) -> None:
-    """A prompt that brings the server down, sent in a batch: the batch is in flight at its first two
-    deaths, and every prompt in flight at three used to be rejected with it (a resume asked them all
-    again, and the killer brought the server down three more times). In flight at a second outage, a
-    prompt is asked again only with no other such suspect in flight: the killer is alone among them
-    at its third death, the only reject; the five beside it are rows, and three deaths in all."""
+    """A prompt that brings the server down, sent in a batch, more prompts waiting for a slot: the
+    batch is in flight at its first two deaths, and every prompt in flight at three used to be
+    rejected with it (a resume asked them all again, and the killer brought the server down three
+    more times). In flight at a second outage, a prompt is asked again only with no other such
+    suspect in flight while prompts wait: the killer is alone among them at its third death, the only
+    reject; every other prompt is a row, and three deaths in all."""
     server = BatchServer("http://a")
     lane = _dying_lane(server, limit=6, relaunched=True, start_s=0.1)
     sink = _sink(tmp_path)
-    await _pump_on(lane, [_item(i, "ok") for i in range(1, 6)] + [_item(0, "kills")], sink)
+    waiting = [_item(i, "ok") for i in range(6, 100)]
+    await _pump_on(lane, [_item(i, "ok") for i in range(1, 6)] + [_item(0, "kills")] + waiting, sink)
     (reject,) = sink.rejects._rows
     assert reject["id"] == "p0" and reject["retryable"] is True
     assert "no other suspect in flight" in reject["reason"], reject["reason"]
     assert server.deaths == 3
-    assert sorted(row["id"] for row in sink.rows._rows) == [f"p{i}" for i in range(1, 6)]
+    assert sorted(row["id"] for row in sink.rows._rows) == sorted(f"p{i}" for i in range(1, 100))
     assert sink.tally.outage_rejects == 1
+
+
+async def test_a_killer_among_the_last_prompts_is_found_in_halving_groups(tmp_path: Path) -> None:
+    """The same batch with no prompt waiting (the run's last): suspects one at a time would leave the
+    batch's slots empty for as many request lives, so they go together, half as many after each
+    death among them; the killer is alone after a few more deaths, the only reject, the rest rows."""
+    server = BatchServer("http://a")
+    lane = _dying_lane(server, limit=16, relaunched=True, start_s=0.1)
+    sink = _sink(tmp_path)
+    gate = SuspectGate(unused_s=0.0)  # the room to spare seen at once: they go together at once
+    await _pump_on(lane, [_item(i, "ok") for i in range(1, 16)] + [_item(0, "kills")], sink, suspects=gate)
+    (reject,) = sink.rejects._rows
+    assert reject["id"] == "p0" and "no other suspect in flight" in reject["reason"]
+    assert sorted(row["id"] for row in sink.rows._rows) == sorted(f"p{i}" for i in range(1, 16))
+    # two deaths make the suspects, then groups of 16, 8, 4, 2 at most, then the killer alone
+    assert 3 < server.deaths <= 2 + 4 + 1, server.deaths
 
 
 async def test_a_prompt_an_earlier_start_rejected_alone_is_asked_alone_first_and_final_if_it_kills_again(
     tmp_path: Path,
 ) -> None:
     """An earlier start rejected p0 alone among suspects at its third outage. This start asks it as a
-    suspect from the first: it brings the server down once more, beside five others in flight, and
-    is a final reject that no start asks again (before: three deaths at every start); the five
+    suspect from the first, alone while prompts wait: it brings the server down once more, and is a
+    final reject that no start asks again (before: three deaths at every start); the five
     beside it are rows. A prompt an earlier start rejected so, that this one answers, is a row."""
     server = BatchServer("http://a")
     lane = _dying_lane(server, limit=6, relaunched=True, start_s=0.1)
     sink = _sink(tmp_path)
     items = [_item(0, "kills"), _item(6, "ok")] + [_item(i, "ok") for i in range(1, 6)]
-    await _pump_on(lane, items, sink, convicted=frozenset({"p0", "p6"}))
+    waiting = [_item(i, "ok") for i in range(7, 100)]
+    await _pump_on(lane, items + waiting, sink, convicted=frozenset({"p0", "p6"}))
     (reject,) = sink.rejects._rows
     assert reject["id"] == "p0" and reject["retryable"] is False
     assert reject["reason"].startswith("brought the server down again"), reject["reason"]
     assert server.deaths == 1
-    assert sorted(row["id"] for row in sink.rows._rows) == [f"p{i}" for i in range(1, 7)]
+    assert sorted(row["id"] for row in sink.rows._rows) == sorted(f"p{i}" for i in range(1, 100))
