@@ -190,9 +190,10 @@ async def _ask(
     (``Rounds``): whose fault a failure was is known once its endpoint's health is, and an outage's
     is counted only once the run goes on (an endpoint answers): a run that stops at it leaves the
     prompt unanswered, as it does all the others it stops with. A prompt in flight at
-    ``SUSPECT_OUTAGES`` outages is asked again only with no other such suspect in flight
-    (``suspects.py``): it waits for its turn without its slot, which prompts beside it fill, and
-    holds the turn until it settles (``pump_shard`` gives it back).
+    ``SUSPECT_OUTAGES`` outages is a suspect, asked again in its turn (``suspects.py``: alone while
+    other prompts wait for a slot): it waits for it without its slot, which prompts beside it fill,
+    and holds it until it settles (``pump_shard`` gives it back). An outage it was at with other
+    suspects counts for none of them.
     """
     task = asyncio.current_task()
     assert task is not None
@@ -433,7 +434,7 @@ async def pump_shard(
     turn instead of the first one taking them all. ``after_last`` is called once the dispatcher has
     sent its last prompt (or stopped): the shard then only waits for answers, and the pipeline starts
     the next one instead of leaving the endpoints that answered theirs idle. ``suspects`` is the
-    run's gate (one suspect in flight across its shards, ``suspects.py``); without one, the shard's own.
+    run's gate (the suspects' turns across its shards, ``suspects.py``); without one, the shard's own.
     ``convicted``: the ids an earlier start rejected alone among suspects (``Rounds.convicted``).
     """
     gate = suspects or SuspectGate()
