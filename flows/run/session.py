@@ -78,7 +78,8 @@ class RunSession:
             outage_s=config.retry.outage_patience_s, failover_s=config.retry.failover_after_s
         )
         self.suspects = SuspectGate()
-        """One prompt at a time among those in flight at two server outages, across the categories."""
+        """The suspects' turns (prompts in flight at two server outages: ``suspects.py``), shared by the
+        categories."""
         self._control: Control | None = None
         self._flusher = Flusher(self.categories.writers)
         self.report_every_s = report_every_s
