@@ -55,6 +55,9 @@ class Categories:
         self.loaded_at: float | None = None
         self.earlier_answers: dict[str, list[int]] = {}
         """Each category's latest answers before this start (an adaptive run's: ``CategoryDemand.seed``)."""
+        self.convicted: dict[str, set[str]] = {}
+        """Each category's prompts an earlier start rejected alone among suspects (``suspects.py``)
+        and no start has answered since: this start asks each alone from the first."""
 
     def get(self, name: str) -> CategoryRun:
         if name not in self.runs:
@@ -73,8 +76,10 @@ class Categories:
         return self.runs[name]
 
     def load_states(self) -> None:
-        """Read what every category already has, and claim its prompts for cross-category dedup;
-        for an adaptive run, its latest answers' lengths too.
+        """Read what every category already has, and claim its prompts for cross-category dedup; the
+        prompts an earlier start convicted, once here rather than at each shard (a run of thousands
+        of shards read every retryable reject's reason at each); for an adaptive run, its latest
+        answers' lengths too.
 
         All categories are read before any streams, so a prompt already answered in one category is
         never asked again in another on resume, whatever order the categories then run in. The index
@@ -87,17 +92,12 @@ class Categories:
             self.states[category.name] = state
             for key in state.prompt_hashes:
                 self.dedup.claim(key, category.name)
+            self.convicted[category.name] = convicted(state.retryable_reasons) - state.row_ids
             if self.config.concurrency.adaptive and state.row_ids:
                 max_tokens = sampling_for(self.config, category).max_tokens
                 self.earlier_answers[category.name] = self.store.recent_answers(
                     category.name, max_tokens, RECENT_ANSWERS
                 )
-
-    def convicted(self, name: str) -> set[str]:
-        """The category's prompts an earlier start rejected alone among suspects (``suspects.py``)
-        and no start has answered since: this start asks each alone from the first."""
-        state = self.states.get(name)
-        return convicted(state.retryable_reasons) - state.row_ids if state else set()
 
     def tallies(self) -> dict[str, Tally]:
         return {name: run.sink.tally for name, run in self.runs.items()}

@@ -121,7 +121,7 @@ class Pipeline:
             before_first=self._start.wait,
             after_last=self._sent.pop((category, index), None),
             suspects=self.session.suspects,
-            convicted=self.session.categories.convicted(category),
+            convicted=self.session.categories.convicted.get(category, set()),
         )
 
     def shard_window(self) -> int:
