@@ -345,9 +345,10 @@ def _reject_spent(
         return
     sink.tally.outage_rejects += 1
     if rounds.convicted:
-        head, said = CONVICTED_AGAIN, "a final reject, not asked again"
+        head, said, what = CONVICTED_AGAIN, "a final reject, not asked again", CONVICTED_AGAIN
     else:
         head, said = f"was {LONE_SUSPECT}", "a retryable reject, asked again alone at the next start"
+        what = f"{LONE_SUSPECT} (it brings the server down)"
     if sink.tally.outage_rejects == 1:
         log.warning(
             "category %s: prompt %s %s: %s (the rejects table names any more such)",
@@ -357,9 +358,7 @@ def _reject_spent(
             said,
             extra=SAY,
         )
-    what = CONVICTED_AGAIN if rounds.convicted else f"{LONE_SUSPECT} (it brings the server down)"
-    what = f"{what}: {error.reason}"
-    suspect = TransientRequestError(what, status=error.status, attempts=error.attempts)
+    suspect = TransientRequestError(f"{what}: {error.reason}", status=error.status, attempts=error.attempts)
     _reject(record, sink, client, suspect, prompt_hash, retryable=not rounds.convicted)
 
 
