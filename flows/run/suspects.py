@@ -129,7 +129,7 @@ class SuspectGate:
         """The task was at ``outage`` (its endpoint's, as the guard counts them) with other suspects:
         half as many as were in flight then go together from now on, and it waits for a turn again.
         Halved once an outage: each of the group comes here in turn, and halved at each, a group of
-        40 let one go at a time after its first death."""
+        40 would go one at a time after its first death (found reading the first version)."""
         if outage != self._split_at:
             self._split_at = outage
             self._width = max(1, len(self._holders) // 2)
