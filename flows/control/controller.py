@@ -165,7 +165,7 @@ class EndpointController:
         if decision.restarted and self.vram is not None:
             self.vram.relocate()
         self.lane.pacer.set(decision.pace_per_s, decision.pace_burst, time.monotonic())
-        self.lane.set_credit(decision.credit)
+        self.lane.set_credit(decision.credit, outlook)
         self.lane.budget_tokens = decision.budget_tokens
         self.last, self.last_sample = decision, sample
         self.timeline.add(self.url, decision, sample, outlook)

@@ -150,7 +150,13 @@ class Category:
     """A category whose answers are expected to run 100 tokens, of prompts a token a character."""
 
     def cohort(self, prompt_chars: np.ndarray, age_s: np.ndarray, made_tokens: np.ndarray) -> Cohort:
-        return Cohort(prompt_chars, age_s, made_tokens, 100.0, 256)
+        return Cohort(prompt_chars, age_s, made_tokens, self.expected_output(), 256)
+
+    def prompt_tokens(self, prompt_chars: float) -> float:
+        return prompt_chars
+
+    def expected_output(self) -> float:
+        return 100.0
 
 
 CATEGORY = Category()
@@ -350,3 +356,24 @@ async def test_a_lane_counts_each_footprints_progress_on_the_decode_clock() -> N
     assert lane.tokens_per_s == pytest.approx(300.0)  # the server's, once it says one
     made = {prompt: tokens for prompt, _, tokens in in_flight(lane, time.monotonic())}
     assert made[10.0] == pytest.approx(300.0, abs=15.0) and made[20.0] == pytest.approx(0.0, abs=15.0)
+
+
+async def test_an_admission_spends_the_credit_by_its_own_size_not_the_average_in_flight() -> None:
+    """The credit counts newcomers like those in flight (prompts of 100, answers of 100: 200 tokens);
+    newcomers of 300-token prompts hold 400 each, so a credit of 4 admits two of them, and small ones
+    take less: the budget's tokens are spent, not its count."""
+    lane: Lane[str] = Lane("a", FixedLimit(10))
+    limiter: Limiter[str] = Limiter([lane])
+    lane.finished(1.0, completion_tokens=100)
+    await limiter.acquire(Footprint(100))
+    await limiter.acquire(Footprint(100))
+    lane.set_credit(4, lane.outlook(time.monotonic()))
+    await limiter.acquire(Footprint(300))
+    await limiter.acquire(Footprint(300))
+    waiter = asyncio.create_task(limiter.acquire(Footprint(300)))
+    await asyncio.sleep(0.01)
+    assert not waiter.done() and lane.credit == pytest.approx(0.0)
+    waiter.cancel()
+    lane.set_credit(1, lane.outlook(time.monotonic()))  # in flight now: 200 + 100 tokens on average
+    await limiter.acquire(Footprint(50))  # 150 tokens: half the newcomer the credit counted
+    assert lane.credit == pytest.approx(0.5) and lane.room == 0
