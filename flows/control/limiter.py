@@ -186,7 +186,7 @@ class Lane(Generic[T]):
         prompts averaged about 321 (the mean in flight rose to 275): the cache went 0.84, 0.89, 0.94,
         0.99 and the server retracted 9 times (7.5 per 1,000 requests in that run). A newcomer's own
         prompt is known when it is admitted; only its answer is the category's expectation. An A/B
-        against counting one a newcomer (bench/README, thirty-sixth session): the simulator a third of
+        against counting one a newcomer (bench/README, thirty-sixth session): the simulator about half
         the retractions, workload 1 none either way at 1.05x, workload 2 within its noise.
         """
         charge = 1.0
