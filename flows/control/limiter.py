@@ -173,7 +173,7 @@ class Lane(Generic[T]):
         pool size known, or nothing counted in flight to project): no projection holds admissions
         back, only the limit does."""
         self.credit = math.inf if credit is None else credit
-        self._credit_unit = None if outlook is None else outlook.newcomer_prompt + outlook.newcomer_output
+        self._credit_unit = None if outlook is None else outlook.newcomer_final
 
     def spend_credit(self, footprint: Footprint | None) -> None:
         """An admission spends its own modelled size of the credit, in the newcomers it was counted in.

@@ -88,10 +88,15 @@ class Outlook:
             return self.newcomer_sizes[j]
         return self.newcomer_prompt + self.newcomer_output * (j + 1) / len(self.peaks)
 
+    @property
+    def newcomer_final(self) -> float:
+        """What a newcomer holds at its end: its prompt (the half block included) and its answer."""
+        return self.newcomer_prompt + self.newcomer_output
+
     def growth_share(self) -> float:
         """The share of a newcomer's final KV that its answer makes (0: all prompt, 1: all answer):
         how far a cohort of such requests swings the cache between its admission and its end."""
-        final = self.newcomer_prompt + self.newcomer_output
+        final = self.newcomer_final
         return self.newcomer_output / final if final > 0 else 0.0
 
     def room(self, budget_tokens: float) -> float:
