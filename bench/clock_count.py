@@ -1,0 +1,167 @@
+"""How many decode steps the server counted over each answer's life, against the answer's tokens.
+
+The law's decode clock (``flows/control/decode_clock.py``) counts a request's progress in the
+server's decode steps (SGLang's ``/v1/loads`` ``decode_moments``): one token a step for every
+request running. Whether the count is every step is the server's affair. SGLang 0.5.23 adds a step
+to ``decode_moments`` only when the step before it was a decode step too and no idle gap came
+between (its moments are for a regression of step time on batch size): the first decode step after
+each prefill is left out, so the clock runs slow by the share of such steps, and each request in
+flight is counted younger than it is.
+
+This reads runs kept by ``bench.adaptive_concurrency --keep DIR`` (or any adaptive run directory):
+each row's life (its ``created_at`` less its ``latency_s``: admission to answer, as the client saw
+it) against the timeline's ``decode_steps``, interpolated between the 1 s readings. The timeline's
+``at`` counts from the controller's start, placed at the timeline file's stamp (made a moment
+before): an offset moves both ends of a life alike, so the difference is off only by how the step
+rate changed within it. Answers at their category's cap are reported apart: an answer cut short by
+an end-of-sequence token has the same steps a token, only fewer of them.
+
+Run: ``uv run python -m bench.clock_count DIR [DIR ...]`` (each a run directory, or a folder of
+them); results go in ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from flows.control.lengths import Floats
+from flows.control.timeline import iter_timeline, start_of, timeline_files
+
+
+@dataclass(frozen=True)
+class Life:
+    """One answer: when it was admitted and answered (seconds from the timeline's start) and its
+    output tokens."""
+
+    admitted: float
+    answered: float
+    tokens: int
+
+
+def counted_steps(lives: Sequence[Life], at: Floats, steps: Floats) -> Floats:
+    """The server's decode steps counted over each life, interpolated between the readings
+    ``(at, steps)`` (in time order)."""
+    admitted = np.array([life.admitted for life in lives], dtype=np.float64)
+    answered = np.array([life.answered for life in lives], dtype=np.float64)
+    return np.interp(answered, at, steps) - np.interp(admitted, at, steps)
+
+
+@dataclass(frozen=True)
+class CategoryCount:
+    category: str
+    answers: int
+    at_cap: int
+    cap: int
+    steps_per_token: float
+    """Median over the answers at the cap of counted steps over tokens (1: every step counted)."""
+    median_steps: float
+
+
+def count_category(category: str, lives: Sequence[Life], at: Floats, steps: Floats) -> CategoryCount | None:
+    """The category's answers at their cap (the longest answer: the cap where any reached it)
+    against the steps counted over their lives; None where none has a positive length."""
+    cap = max((life.tokens for life in lives), default=0)
+    if cap <= 0:
+        return None
+    full = [life for life in lives if life.tokens == cap]
+    counted = counted_steps(full, at, steps)
+    return CategoryCount(
+        category,
+        len(lives),
+        len(full),
+        cap,
+        float(np.median(counted / cap)),
+        float(np.median(counted)),
+    )
+
+
+def read_readings(run_dir: Path) -> tuple[Floats, Floats, float]:
+    """The timeline's decode-step readings of the run's first start (``at``, steps) and the share of
+    consecutive readings with no step between them."""
+    first = start_of(timeline_files(run_dir)[0])
+    rows = [
+        row
+        for row in iter_timeline(run_dir, ["at", "decode_steps"])
+        if row["decode_steps"] is not None and row["start"] == first
+    ]
+    at = np.array([row["at"] for row in rows], dtype=np.float64)
+    steps = np.array([row["decode_steps"] for row in rows], dtype=np.float64)
+    still = float(np.mean(np.diff(steps) == 0)) if len(steps) > 1 else 0.0
+    return at, steps, still
+
+
+def read_lives(run_dir: Path) -> dict[str, list[Life]]:
+    """Each category's answers, their times counted from the timeline's first start."""
+    stamp = datetime.strptime(start_of(timeline_files(run_dir)[0]), "%Y%m%dT%H%M%S%fZ").replace(tzinfo=UTC)
+    lives: dict[str, list[Life]] = {}
+    for shard in sorted((run_dir / "data").glob("*/*.parquet")):
+        table = pq.read_table(shard, columns=["category", "created_at", "latency_s", "usage"])
+        for row in table.to_pylist():
+            answered = (row["created_at"] - stamp).total_seconds()
+            life = Life(answered - row["latency_s"], answered, row["usage"]["completion_tokens"])
+            lives.setdefault(row["category"], []).append(life)
+    return lives
+
+
+def run_dirs(paths: Iterable[Path]) -> list[Path]:
+    """The run directories given, or found one level down (a ``--keep`` folder)."""
+    found = []
+    for path in paths:
+        if (path / "timeline").is_dir():
+            found.append(path)
+        else:
+            found.extend(sorted(child for child in path.iterdir() if (child / "timeline").is_dir()))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories, or folders of them")
+    args = parser.parse_args()
+    table = Table(title="decode steps the server counted over each answer's life, answers at their cap")
+    for column in ("run", "category", "answers", "at cap", "cap", "counted steps", "steps / token"):
+        table.add_column(column, justify="left" if column in ("run", "category") else "right", no_wrap=True)
+    table.add_column("readings with no step", justify="right", no_wrap=True)
+    ratios = []
+    for run_dir in run_dirs(args.paths):
+        at, steps, still = read_readings(run_dir)
+        if len(at) < 2:
+            continue
+        for category, lives in sorted(read_lives(run_dir).items()):
+            count = count_category(category, lives, at, steps)
+            if count is None:
+                continue
+            ratios.append(count.steps_per_token)
+            table.add_row(
+                f"{run_dir.parent.name}/{run_dir.name}",
+                category,
+                str(count.answers),
+                str(count.at_cap),
+                str(count.cap),
+                f"{count.median_steps:.0f}",
+                f"{count.steps_per_token:.2f}",
+                f"{still:.0%}",
+            )
+    console = Console(width=140)
+    console.print(table)
+    if ratios:
+        console.print(
+            f"steps counted per token, over {len(ratios)} run categories: median "
+            f"{statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
+        )
+    else:
+        console.print("no run with a timeline of decode steps and answers found")
+
+
+if __name__ == "__main__":
+    main()
