@@ -25,7 +25,11 @@ steps, refreshed only then, with the requests that ran then: at the start of a r
 it said 130-170 tokens a second per request (8 ran) for 2-3 s while 64 ran at about 27, the clock
 counted the first cohort at its ``max_tokens`` within a second, the outlook held 1.3-2x what the
 cache did for the first 20 s, the occupancy learned fell to 0.80, and the budget rose past the pool
-(bench/README, nineteenth session).
+(bench/README, nineteenth session). The count is SGLang's, not every step: 0.5.23 leaves out the
+first decode step after each prefill (its moments are for a regression of step time on batch size),
+so the clock runs 3-12 % slow and counts a request younger than it is, on the safe side
+(``bench/clock_count.py``; a scale learned from the answers to correct it moved nothing measurable
+and swung by half in a run's first lives: bench/README, thirty-seventh session).
 
 Where the server says no rate (vLLM, whose metrics have no such gauge; a server without metrics)
 the clock runs at the rate averaged over the answers (``Lane``'s); before either is known it stands
