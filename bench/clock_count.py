@@ -114,13 +114,14 @@ def read_lives(run_dir: Path) -> dict[str, list[Life]]:
 
 
 def run_dirs(paths: Iterable[Path]) -> list[Path]:
-    """The run directories given, or found one level down (a ``--keep`` folder)."""
+    """The run directories given, or found one level down (a ``--keep`` folder): those with a
+    timeline (a fixed setting's run has none)."""
     found = []
     for path in paths:
-        if (path / "timeline").is_dir():
+        if timeline_files(path):
             found.append(path)
-        else:
-            found.extend(sorted(child for child in path.iterdir() if (child / "timeline").is_dir()))
+        elif path.is_dir():
+            found.extend(sorted(child for child in path.iterdir() if timeline_files(child)))
     return found
 
 

@@ -32,6 +32,8 @@ def test_only_answers_at_the_cap_are_set_against_their_steps() -> None:
 def test_runs_are_found_given_or_one_level_down(tmp_path: Path) -> None:
     for name in ("r1", "r2"):
         (tmp_path / "kept" / name / "timeline").mkdir(parents=True)
-    (tmp_path / "kept" / "notes").mkdir()
+        (tmp_path / "kept" / name / "timeline" / "part-20261207T120000000000Z-00000.parquet").touch()
+    (tmp_path / "kept" / "r3-fixed-64" / "timeline").mkdir(parents=True)  # a fixed setting: none
+    (tmp_path / "kept" / "notes.txt").touch()
     alone = tmp_path / "kept" / "r2"
     assert run_dirs([tmp_path / "kept", alone]) == [tmp_path / "kept" / "r1", alone, alone]
