@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.control.lengths import Floats
-from flows.control.timeline import iter_timeline, start_of, timeline_files
+from flows.control.timeline import START_STAMP, iter_timeline, start_of, timeline_files
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,9 @@ def count_category(category: str, lives: Sequence[Life], at: Floats, steps: Floa
     )
 
 
-def read_readings(run_dir: Path) -> tuple[Floats, Floats, float]:
-    """The timeline's decode-step readings of the run's first start (``at``, steps) and the share of
-    consecutive readings with no step between them."""
-    first = start_of(timeline_files(run_dir)[0])
+def read_readings(run_dir: Path, first: str) -> tuple[Floats, Floats, float]:
+    """The timeline's decode-step readings of the run's ``first`` start (``at``, steps) and the share
+    of consecutive readings with no step between them."""
     rows = [
         row
         for row in iter_timeline(run_dir, ["at", "decode_steps"])
@@ -100,9 +99,9 @@ def read_readings(run_dir: Path) -> tuple[Floats, Floats, float]:
     return at, steps, still
 
 
-def read_lives(run_dir: Path) -> dict[str, list[Life]]:
-    """Each category's answers, their times counted from the timeline's first start."""
-    stamp = datetime.strptime(start_of(timeline_files(run_dir)[0]), "%Y%m%dT%H%M%S%fZ").replace(tzinfo=UTC)
+def read_lives(run_dir: Path, first: str) -> dict[str, list[Life]]:
+    """Each category's answers, their times counted from the timeline's ``first`` start."""
+    stamp = datetime.strptime(first, START_STAMP).replace(tzinfo=UTC)
     lives: dict[str, list[Life]] = {}
     for shard in sorted((run_dir / "data").glob("*/*.parquet")):
         table = pq.read_table(shard, columns=["category", "created_at", "latency_s", "usage"])
@@ -135,10 +134,11 @@ def main() -> None:
     table.add_column("readings with no step", justify="right", no_wrap=True)
     ratios = []
     for run_dir in run_dirs(args.paths):
-        at, steps, still = read_readings(run_dir)
+        first = start_of(timeline_files(run_dir)[0])
+        at, steps, still = read_readings(run_dir, first)
         if len(at) < 2:
             continue
-        for category, lives in sorted(read_lives(run_dir).items()):
+        for category, lives in sorted(read_lives(run_dir, first).items()):
             count = count_category(category, lives, at, steps)
             if count is None:
                 continue

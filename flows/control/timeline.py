@@ -30,6 +30,8 @@ from flows.control.signals import ServerSample
 from flows.store.run_store import atomic_file
 
 TIMELINE_DIR = "timeline"
+START_STAMP = "%Y%m%dT%H%M%S%fZ"
+"""How a start's files name it (UTC): ``part-<start>-<segment>.parquet``."""
 SEGMENT_ROWS = 3600
 """Decisions per file: an hour of one endpoint polled once a second (about 4 MiB in memory, 0.02 CPU s
 to write: bench/timeline_growth.py; 5 MiB with the newcomer's 32 sizes that answers' lengths add,
@@ -90,7 +92,7 @@ class Timeline:
 
     def __init__(self, run_dir: Path, segment_rows: int = SEGMENT_ROWS) -> None:
         self._folder = run_dir / TIMELINE_DIR
-        self._stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        self._stamp = datetime.now(UTC).strftime(START_STAMP)
         self._segment_rows = segment_rows
         self._segment = 0
         self._rows: list[dict[str, Any]] = []
