@@ -103,23 +103,34 @@ class Zygote:
 
 
 def kill_9(pid: int, timeout_s: float = 30) -> None:
-    """kill -9 a forked run's process group and wait until the run itself is gone."""
+    """kill -9 a forked run's process group and wait until the run itself is gone.
+
+    The run itself is killed too, by pid: a kill drawn at moment 0 can land before the child's
+    ``os.setsid()``, while no group ``pid`` exists yet and the child still sits in the zygote's.
+    """
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
     while alive(pid):
         if time.monotonic() > deadline:
-            raise AssertionError(f"process {pid} survived kill -9 for {timeout_s} s")
+            raise AssertionError(f"process {pid} survived kill -9 for {timeout_s} s (state {_state(pid)})")
         time.sleep(0.01)
 
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` is still running (a zombie, killed but not yet reaped, counts as gone)."""
+    state = _state(pid)
+    return state is not None and state != "Z"
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, D, Z, ...), None once it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
-    return state != "Z"
+        return None
 
 
 def _serve() -> None:
