@@ -26,16 +26,16 @@ import argparse
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
 from flows.control.lengths import Floats
-from flows.control.timeline import START_STAMP, iter_timeline, start_of, timeline_files
+from flows.control.timeline import iter_timeline, start_of, timeline_files
+from flows.store.run_store import RunStore
+from flows.store.start_stamp import stamp_moment
 
 
 @dataclass(frozen=True)
@@ -101,14 +101,14 @@ def read_readings(run_dir: Path, first: str) -> tuple[Floats, Floats, float]:
 
 def read_lives(run_dir: Path, first: str) -> dict[str, list[Life]]:
     """Each category's answers, their times counted from the timeline's ``first`` start."""
-    stamp = datetime.strptime(first, START_STAMP).replace(tzinfo=UTC)
+    began = stamp_moment(first)
+    store = RunStore(run_dir)
     lives: dict[str, list[Life]] = {}
-    for shard in sorted((run_dir / "data").glob("*/*.parquet")):
-        table = pq.read_table(shard, columns=["category", "created_at", "latency_s", "usage"])
-        for row in table.to_pylist():
-            answered = (row["created_at"] - stamp).total_seconds()
+    for category in store.categories_on_disk():
+        for row in store.iter_row_columns(category, ["created_at", "latency_s", "usage"]):
+            answered = (row["created_at"] - began).total_seconds()
             life = Life(answered - row["latency_s"], answered, row["usage"]["completion_tokens"])
-            lives.setdefault(row["category"], []).append(life)
+            lives.setdefault(category, []).append(life)
     return lives
 
 

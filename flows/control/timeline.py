@@ -17,7 +17,6 @@ import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,9 @@ from flows.control.adaptive import Decision, Observation
 from flows.control.outlook import Outlook
 from flows.control.signals import ServerSample
 from flows.store.run_store import atomic_file
+from flows.store.start_stamp import start_stamp
 
 TIMELINE_DIR = "timeline"
-START_STAMP = "%Y%m%dT%H%M%S%fZ"
-"""How a start's files name it (UTC): ``part-<start>-<segment>.parquet``."""
 SEGMENT_ROWS = 3600
 """Decisions per file: an hour of one endpoint polled once a second (about 4 MiB in memory, 0.02 CPU s
 to write: bench/timeline_growth.py; 5 MiB with the newcomer's 32 sizes that answers' lengths add,
@@ -92,7 +90,7 @@ class Timeline:
 
     def __init__(self, run_dir: Path, segment_rows: int = SEGMENT_ROWS) -> None:
         self._folder = run_dir / TIMELINE_DIR
-        self._stamp = datetime.now(UTC).strftime(START_STAMP)
+        self._stamp = start_stamp()  # names the files: ``part-<start>-<segment>.parquet``
         self._segment_rows = segment_rows
         self._segment = 0
         self._rows: list[dict[str, Any]] = []

@@ -12,9 +12,10 @@ import logging
 import os
 import socket
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from flows.store.start_stamp import start_stamp
 
 if TYPE_CHECKING:
     from flows.run.session import RunSession
@@ -27,7 +28,7 @@ class ProgressLog:
     """A session reporter: ``session.reporters.append(ProgressLog(run_dir))``."""
 
     def __init__(self, run_dir: Path) -> None:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = start_stamp()
         host = "".join(ch if ch.isalnum() else "-" for ch in socket.gethostname())
         self.path = run_dir / PROGRESS_DIR / f"part-{stamp}-{host}-{os.getpid()}.jsonl"
         self.stopped = False
