@@ -20,6 +20,12 @@ Settings run in an interleaved order (A B C ..., then rotated), repeated; the ta
   the first request sent to the last, read from the rows' ``created_at - latency_s``). On a run of
   20 s the process start-up, the first fill and the drain after the last prompt are a third of the
   samples, alike for every setting; no law can feed a server from prompts it no longer has;
+- warm tok/s, and starved warm: the same over the part of the run that a run of hours spends its
+  time in, from the end of the first cohort (the ``N``-th answer, ``N`` the largest fixed setting of
+  the invocation, 64 without one: until then every setting is still filling the server) to the last
+  request sent (then every setting drains). The tokens are the server's counter read by the 1 s
+  samples, interpolated at the window's edges; "warm vs best" is against the best fixed setting
+  by this figure;
 - server busy (SGLang): the share of those seconds the server spent in decode and prefill steps, by
   its own counters (``/v1/loads``, read before and after the run): whether an empty queue with the
   cache under 0.8 left the server idle, or it was computing all along (bound by compute, not KV);
@@ -63,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
@@ -73,7 +80,7 @@ from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.launcher import remove_leftover_shm, shm_files
 from sglang_launch.ports import free_port
 
-console = Console(width=140)
+console = Console(width=180)
 ENGINES = Path(__file__).resolve().parents[2] / "shared" / "engines"
 MODEL = Path(os.environ.get("ENGINES_HOME", Path.home() / ".cache" / "cpu-engines")) / "tiny-llm"
 
@@ -96,6 +103,10 @@ class Outcome:
     does not tell, whether the server was idle."""
     batch: float | None = None
     """The mean decode batch over the run (SGLang's ``/v1/loads``; None for vLLM)."""
+    warm_tok_s: float | None = None
+    """Output tok/s from the end of the first cohort to the last send (``warm_window``); None for a
+    run too short to have that window or samples to cover it."""
+    starved_warm: float | None = None
     samples: list[ServerSample] = field(default_factory=list)
 
 
@@ -259,8 +270,10 @@ def one_run(
     poll_hz: float = 1.0,
     server_log: Path | None = None,
     tree: Path | None = None,
+    cohort: int = 64,
 ) -> Outcome:
-    """One ``datagen run`` of ``config``; ``tree``: the source tree to run it from (default: this one)."""
+    """One ``datagen run`` of ``config``; ``tree``: the source tree to run it from (default: this one);
+    ``cohort``: the answers that end the run's start (``warm_window``)."""
     log_from = server_log.stat().st_size if server_log else 0
     before, counters_before = read_sample(url), read_step_counters(url)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -286,7 +299,8 @@ def one_run(
         for row in pq.read_table(path, columns=["latency_s", "created_at"]).to_pylist()
     ]
     latencies = sorted(row["latency_s"] for row in rows)
-    sent = [row["created_at"].timestamp() - row["latency_s"] for row in rows]
+    answered = [row["created_at"].timestamp() for row in rows]
+    sent = [at - row["latency_s"] for at, row in zip(answered, rows, strict=True)]
     samples = poller.samples
     write_gauges(run_dir / "gauges.jsonl", poller)
     if server_log:  # the server's own lines of this run (SGLang logs every prefill batch)
@@ -294,12 +308,9 @@ def one_run(
             log.seek(log_from)
             (run_dir / "server.log").write_bytes(log.read())
     starved = [is_starved(s) for s in samples]
-    first, last = (min(sent), max(sent)) if sent else (0.0, -1.0)
-    sending = [
-        hungry
-        for hungry, at in zip(starved, poller.times, strict=True)
-        if first <= at + poller.wall_offset <= last
-    ]
+    wall = [at + poller.wall_offset for at in poller.times]
+    window = warm_window(answered, sent, cohort)
+    totals = [float(s.generation_tokens_total or 0) for s in samples]
     generated = (after.generation_tokens_total or 0) - (before.generation_tokens_total or 0)
     retractions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
     seconds = json.loads((run_dir / "summary.json").read_text())["seconds"]
@@ -308,7 +319,7 @@ def one_run(
         tok_s=generated / seconds,
         retractions_per_1k=1000 * retractions / max(requests, 1),
         starved=sum(starved) / max(len(samples), 1),
-        starved_sending=sum(sending) / len(sending) if sending else None,
+        starved_sending=share_within(starved, wall, min(sent), max(sent)) if sent else None,
         p50=latencies[len(latencies) // 2] if latencies else 0.0,
         p99=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0,
         cpu_s=(usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime),
@@ -316,7 +327,32 @@ def one_run(
         peak_queue=max((s.queued or 0 for s in samples), default=0),
         busy=None if spent is None else spent.busy_us / 1e6 / seconds,
         batch=None if spent is None else spent.batch,
+        warm_tok_s=None if window is None else rate_between(wall, totals, *window),
+        starved_warm=None if window is None else share_within(starved, wall, *window),
     )
+
+
+def share_within(flags: list[bool], times: list[float], start: float, end: float) -> float | None:
+    """The share of the samples taken from ``start`` to ``end`` that were flagged; None if none was."""
+    inside = [flag for flag, at in zip(flags, times, strict=True) if start <= at <= end]
+    return sum(inside) / len(inside) if inside else None
+
+
+def warm_window(answered: list[float], sent: list[float], cohort: int) -> tuple[float, float] | None:
+    """The run's part past its start and before its drain: from the ``cohort``-th answer (the largest
+    fixed setting's first cohort ended) to the last request sent. None for a run without one."""
+    if len(answered) < cohort or not sent or cohort < 1:
+        return None
+    start, end = sorted(answered)[cohort - 1], max(sent)
+    return (start, end) if end > start else None
+
+
+def rate_between(times: list[float], totals: list[float], start: float, end: float) -> float | None:
+    """A counter's rate from ``start`` to ``end``, read between its samples ``(times, totals)``; None
+    where the samples do not reach both edges (a reading missed at the run's start or end)."""
+    if len(times) < 2 or start < times[0] or end > times[-1] or end <= start:
+        return None
+    return float(np.interp(end, times, totals) - np.interp(start, times, totals)) / (end - start)
 
 
 def is_starved(sample: ServerSample) -> bool:
@@ -367,6 +403,7 @@ def main() -> None:
     trees = source_trees(parser, args.tree, settings)
     keep = args.keep.resolve() if args.keep else None
     budgets = [int(v) for v in args.max_tokens.split(",")]
+    cohort = first_cohort(settings)
     results: dict[str, list[Outcome]] = {s: [] for s in settings}
     with busy_core(1), tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -400,6 +437,7 @@ def main() -> None:
                         float(hz or 1.0),
                         tmp / "server.log",
                         trees[tree] if tree else None,
+                        cohort,
                     )
                     results[setting].append(outcome)
                     console.print(
@@ -407,12 +445,21 @@ def main() -> None:
                         f"{outcome.retractions_per_1k:5.1f} retr/1k, starved {outcome.starved:.0%} "
                         f"({percent(outcome.starved_sending)} sending), busy {percent(outcome.busy)}, "
                         f"peak queue {outcome.peak_queue}, batch {number(outcome.batch, 1)}, "
+                        f"warm {number(outcome.warm_tok_s, 0)} tok/s "
+                        f"(starved {percent(outcome.starved_warm)}), "
                         f"cpu {outcome.cpu_s:.1f} s"
                     )
         finally:
             stop(server)
             remove_leftover_shm(shm_before)  # SGLang's load slots, one file per server otherwise
     print_table(results, args)
+
+
+def first_cohort(settings: list[str]) -> int:
+    """The answers that end every run's start: the largest fixed setting's first cohort (``64@10``
+    counts as 64), 64 where the invocation has no fixed setting."""
+    fixed = [int(law) for law in (s.partition(":")[0].partition("@")[0] for s in settings) if law.isdigit()]
+    return max(fixed, default=64)
 
 
 def percent(share: float | None) -> str:
@@ -433,8 +480,13 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
     def med(setting: str, attr: str) -> float:
         return statistics.median(getattr(o, attr) for o in results[setting])
 
+    def warm(setting: str) -> float | None:
+        return median_known(o.warm_tok_s for o in results[setting])
+
     fixed = [s for s in results if s.isdigit() and results[s]]
     best = max(fixed, key=lambda s: med(s, "tok_s")) if fixed else None
+    warm_fixed = [s for s in fixed if warm(s) is not None]
+    best_warm = max(warm_fixed, key=lambda s: warm(s) or 0.0) if warm_fixed else None
     table = Table(
         title=f"{args.engine}: {args.prompts} prompts, max_tokens {args.max_tokens}, KV pool "
         f"{args.max_total_tokens}, max running {args.max_running}; medians of {args.repeats}"
@@ -446,6 +498,9 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
         "retr/1k req",
         "starved",
         "starved sending",
+        "warm tok/s",
+        "warm vs best",
+        "starved warm",
         "server busy",
         "peak queue",
         "batch",
@@ -465,6 +520,9 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
             f"{med(setting, 'retractions_per_1k'):.1f}",
             f"{med(setting, 'starved'):.0%}",
             percent(median_known(o.starved_sending for o in outcomes)),
+            number(warm(setting), 0),
+            warm_ratio(warm(setting), warm(best_warm) if best_warm else None),
+            percent(median_known(o.starved_warm for o in outcomes)),
             percent(median_known(o.busy for o in outcomes)),
             f"{med(setting, 'peak_queue'):.0f}",
             number(median_known(o.batch for o in outcomes), 1),
@@ -483,7 +541,14 @@ def print_table(results: dict[str, list[Outcome]], args: argparse.Namespace) -> 
     for setting in [*variants, "adaptive"]:
         if results.get(setting):
             ratio = med(setting, "tok_s") / med(best, "tok_s")
-            console.print(f"{setting} / best fixed ({best}): {ratio:.2f}x output tok/s")
+            line = f"{setting} / best fixed ({best}): {ratio:.2f}x output tok/s"
+            if best_warm:
+                line += f"; warm {warm_ratio(warm(setting), warm(best_warm))} ({best_warm})"
+            console.print(line)
+
+
+def warm_ratio(value: float | None, best: float | None) -> str:
+    return "-" if value is None or not best else f"{value / best:.2f}x"
 
 
 if __name__ == "__main__":

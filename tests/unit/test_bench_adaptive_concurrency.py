@@ -1,11 +1,19 @@
-"""The adaptive-concurrency bench's reading of SGLang's step counters over a run."""
+"""The adaptive-concurrency bench: its reading of SGLang's step counters, its warm window."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench.adaptive_concurrency import StepCounters, step_counters, write_config
+from bench.adaptive_concurrency import (
+    StepCounters,
+    first_cohort,
+    rate_between,
+    share_within,
+    step_counters,
+    warm_window,
+    write_config,
+)
 from flows.config import load_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23"
@@ -42,3 +50,31 @@ def test_a_target_setting_runs_the_law_at_that_target(tmp_path: Path) -> None:
         loaded[setting] = load_config(path).concurrency
     assert loaded["adaptive-target0.92"].adaptive and loaded["adaptive-target0.92"].target_kv_usage == 0.92
     assert loaded["adaptive"].adaptive and loaded["adaptive"].target_kv_usage == 0.90
+
+
+def test_the_warm_window_runs_from_the_first_cohort_s_end_to_the_last_send() -> None:
+    answered = [5.0, 1.0, 3.0, 9.0, 7.0]  # out of order, as rows come from shards
+    sent = [0.5, 0.0, 2.0, 6.0, 4.0]
+    assert warm_window(answered, sent, cohort=2) == (3.0, 6.0)  # the 2nd answer, the last send
+    assert warm_window(answered, sent, cohort=4) is None  # the 4th answer (7.0) after the last send
+    assert warm_window(answered[:1], sent[:1], cohort=2) is None  # fewer answers than a cohort
+
+
+def test_a_counter_s_rate_is_read_between_its_samples() -> None:
+    times = [10.0, 11.0, 12.0, 13.0]
+    totals = [100.0, 200.0, 400.0, 400.0]
+    assert rate_between(times, totals, 10.5, 12.5) == (400.0 - 150.0) / 2.0
+    assert rate_between(times, totals, 9.0, 12.0) is None  # before the first sample: unknown
+    assert rate_between(times, totals, 11.0, 14.0) is None
+
+
+def test_a_share_counts_only_the_samples_inside_the_window() -> None:
+    flags = [True, False, True, True]
+    times = [1.0, 2.0, 3.0, 4.0]
+    assert share_within(flags, times, 2.0, 3.0) == 0.5
+    assert share_within(flags, times, 5.0, 6.0) is None
+
+
+def test_the_first_cohort_is_the_largest_fixed_setting() -> None:
+    assert first_cohort(["64", "128@10", "adaptive", "adaptive:before"]) == 128
+    assert first_cohort(["adaptive", "adaptive:before"]) == 64
