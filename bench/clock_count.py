@@ -153,15 +153,25 @@ def main() -> None:
                 f"{count.steps_per_token:.2f}",
                 f"{still:.0%}",
             )
+    print_spread(
+        table,
+        ratios,
+        "steps counted per token, over {n} run categories",
+        ".2f",
+        "no run with a timeline of decode steps and answers found",
+    )
+
+
+def print_spread(table: Table, values: list[float], what: str, fmt: str, empty: str) -> None:
+    """A kept-run bench's table, then one line: the median and range of ``values`` (``what`` with
+    ``{n}``, their count), or ``empty`` where no run gave one."""
     console = Console(width=140)
     console.print(table)
-    if ratios:
-        console.print(
-            f"steps counted per token, over {len(ratios)} run categories: median "
-            f"{statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
-        )
-    else:
-        console.print("no run with a timeline of decode steps and answers found")
+    if not values:
+        console.print(empty)
+        return
+    low, middle, high = (format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+    console.print(f"{what.format(n=len(values))}: median {middle}, range {low} to {high}")
 
 
 if __name__ == "__main__":
