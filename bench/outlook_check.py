@@ -7,7 +7,10 @@ occupancy, over the pool) against the largest KV usage the server reported over 
 life, admissions made meanwhile included: a projection far above what came is room the law left
 unused; one below it is a retraction risk. Only the warm part of each run counts (from the end of
 its first cohort to its last send, as ``bench.adaptive_concurrency`` reports it); the 1 s readings
-miss the peaks between them, so "came" is a lower bound.
+miss the peaks between them, so "came" is a lower bound. The window is placed on the timeline's
+``at`` (seconds from the controller's start) from the rows' times counted from the timeline file's
+stamp, made a moment before (``bench.clock_count.read_lives``): off by that moment, alike for every
+tick.
 
 Run: ``uv run python -m bench.outlook_check DIR [DIR ...]`` (each a run directory, or a folder of
 them, kept by ``bench.adaptive_concurrency --keep``); results go in ``bench/README.md``.
