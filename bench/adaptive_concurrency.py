@@ -426,8 +426,7 @@ def main() -> None:
                     named = setting.replace("@", "at").replace(":", "-")
                     run_dir = (keep or tmp / "runs") / f"r{runs}-{named}"
                     config = tmp / f"r{runs}.toml"
-                    law_at, _, tree = setting.partition(":")
-                    law, _, hz = law_at.partition("@")
+                    law, hz, tree = setting_parts(setting)
                     write_config(config, url, run_dir, sources, law)
                     outcome = one_run(
                         url,
@@ -455,10 +454,17 @@ def main() -> None:
     print_table(results, args)
 
 
+def setting_parts(setting: str) -> tuple[str, str, str]:
+    """A setting ``LAW[@HZ][:TREE]`` as (law, hz, tree), the absent parts empty."""
+    law_at, _, tree = setting.partition(":")
+    law, _, hz = law_at.partition("@")
+    return law, hz, tree
+
+
 def first_cohort(settings: list[str]) -> int:
     """The answers that end every run's start: the largest fixed setting's first cohort (``64@10``
     counts as 64), 64 where the invocation has no fixed setting."""
-    fixed = [int(law) for law in (s.partition(":")[0].partition("@")[0] for s in settings) if law.isdigit()]
+    fixed = [int(law) for law, _, _ in map(setting_parts, settings) if law.isdigit()]
     return max(fixed, default=64)
 
 

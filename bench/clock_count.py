@@ -112,6 +112,12 @@ def read_lives(run_dir: Path, first: str) -> dict[str, list[Life]]:
     return lives
 
 
+def first_start(run_dir: Path) -> str:
+    """The stamp of the run's first start, which a kept bench run's readings and rows are set on
+    (its timeline files sort by start; ``run_dirs`` gives only runs that have one)."""
+    return start_of(timeline_files(run_dir)[0])
+
+
 def run_dirs(paths: Iterable[Path]) -> list[Path]:
     """The run directories given, or found one level down (a ``--keep`` folder): those with a
     timeline (a fixed setting's run has none)."""
@@ -134,7 +140,7 @@ def main() -> None:
     table.add_column("readings with no step", justify="right", no_wrap=True)
     ratios = []
     for run_dir in run_dirs(args.paths):
-        first = start_of(timeline_files(run_dir)[0])
+        first = first_start(run_dir)
         at, steps, still = read_readings(run_dir, first)
         if len(at) < 2:
             continue

@@ -27,16 +27,17 @@ import numpy as np
 from rich.table import Table
 
 from bench.adaptive_concurrency import warm_window
-from bench.clock_count import print_spread, read_lives, run_dirs
+from bench.clock_count import first_start, print_spread, read_lives, run_dirs
 from flows.control.lengths import Floats
-from flows.control.timeline import iter_timeline, start_of, timeline_files
+from flows.control.timeline import iter_timeline
 
 COLUMNS = ["at", "kv_usage", "credit", "occupancy", "capacity_tokens", "outlook_peaks", "request_life_s"]
 
 
 @dataclass(frozen=True)
 class Tick:
-    """One decision where the budget bound: its time, projected peak and the KV share read then."""
+    """One decision where the budget bound: its time, its projected peak (a share of the pool) and the
+    request life over which that peak was projected."""
 
     at: float
     projected: float
@@ -79,7 +80,7 @@ def check(ticks: Sequence[Tick], at: Floats, kv: Floats) -> OutlookCheck | None:
 
 def read_run(run_dir: Path, cohort: int) -> OutlookCheck | None:
     """The check over ``run_dir``'s first start, in its warm window (None without one)."""
-    first = start_of(timeline_files(run_dir)[0])
+    first = first_start(run_dir)
     lives = [life for category in read_lives(run_dir, first).values() for life in category]
     window = warm_window([life.answered for life in lives], [life.admitted for life in lives], cohort)
     if window is None:
