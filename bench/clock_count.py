@@ -40,12 +40,13 @@ from flows.store.start_stamp import stamp_moment
 
 @dataclass(frozen=True)
 class Life:
-    """One answer: when it was admitted and answered (seconds from the timeline's start) and its
-    output tokens."""
+    """One answer: when it was admitted and answered (seconds from the timeline's start), its output
+    tokens and its prompt's."""
 
     admitted: float
     answered: float
     tokens: int
+    prompt_tokens: int = 0
 
 
 def counted_steps(lives: Sequence[Life], at: Floats, steps: Floats) -> Floats:
@@ -107,7 +108,10 @@ def read_lives(run_dir: Path, first: str) -> dict[str, list[Life]]:
     for category in store.categories_on_disk():
         for row in store.iter_row_columns(category, ["created_at", "latency_s", "usage"]):
             answered = (row["created_at"] - began).total_seconds()
-            life = Life(answered - row["latency_s"], answered, row["usage"]["completion_tokens"])
+            usage = row["usage"]
+            life = Life(
+                answered - row["latency_s"], answered, usage["completion_tokens"], usage["prompt_tokens"]
+            )
             lives.setdefault(category, []).append(life)
     return lives
 
