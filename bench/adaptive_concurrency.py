@@ -375,10 +375,23 @@ def add_tree_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def split_tree(setting: str) -> tuple[str, str]:
+    """A setting ``X[:TREE]`` as (X, TREE), TREE empty where the setting runs from this tree. The
+    benches share it; what X holds is each bench's own (``setting_parts`` reads an ``@HZ`` in it)."""
+    rest, _, tree = setting.partition(":")
+    return rest, tree
+
+
+def run_name(setting: str) -> str:
+    """A setting as a run directory's name: ``64@10`` as ``64at10``, ``adaptive:before`` as
+    ``adaptive-before``."""
+    return setting.replace("@", "at").replace(":", "-")
+
+
 def source_trees(parser: argparse.ArgumentParser, given: list[str], settings: list[str]) -> dict[str, Path]:
     """``--tree NAME=PATH`` options by name; every ``LAW:NAME`` setting must have one."""
     trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in given)}
-    unknown = {s.partition(":")[2] for s in settings if ":" in s} - trees.keys()
+    unknown = {tree for _, tree in map(split_tree, settings) if tree} - trees.keys()
     if unknown:
         parser.error(f"no --tree NAME=PATH for {', '.join(sorted(unknown))}")
     return trees
@@ -423,8 +436,7 @@ def main() -> None:
                 order = settings[repeat % len(settings) :] + settings[: repeat % len(settings)]
                 for setting in order:
                     runs += 1
-                    named = setting.replace("@", "at").replace(":", "-")
-                    run_dir = (keep or tmp / "runs") / f"r{runs}-{named}"
+                    run_dir = (keep or tmp / "runs") / f"r{runs}-{run_name(setting)}"
                     config = tmp / f"r{runs}.toml"
                     law, hz, tree = setting_parts(setting)
                     write_config(config, url, run_dir, sources, law)
@@ -456,7 +468,7 @@ def main() -> None:
 
 def setting_parts(setting: str) -> tuple[str, str, str]:
     """A setting ``LAW[@HZ][:TREE]`` as (law, hz, tree), the absent parts empty."""
-    law_at, _, tree = setting.partition(":")
+    law_at, tree = split_tree(setting)
     law, _, hz = law_at.partition("@")
     return law, hz, tree
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.adaptive_concurrency import add_tree_option, source_trees, write_config
+from bench.adaptive_concurrency import add_tree_option, run_name, source_trees, split_tree, write_config
 from bench.adaptive_sim import MAX_TOKENS, SEEDS_KV, run_datagen, seeds_server
 from bench.spinner import busy_core
 from prompts.synthetic import write_synthetic_prompts
@@ -110,9 +110,9 @@ def main() -> None:
         for repeat in range(args.repeats):
             order = settings if repeat % 2 == 0 else settings[::-1]
             for setting in order:
-                tree = trees.get(setting.partition(":")[2]) if ":" in setting else None
-                run_dir = tmp / f"{setting.replace(':', '-')}-{repeat}"
-                outcome = resume(sim_cfg, base, run_dir, source, tree)
+                _, name = split_tree(setting)
+                run_dir = tmp / f"{run_name(setting)}-{repeat}"
+                outcome = resume(sim_cfg, base, run_dir, source, trees[name] if name else None)
                 results[setting].append(outcome)
                 console.print(
                     f"{setting} #{repeat + 1}: first 3 s {outcome.early_tok_s[3.0]:,.0f} tok/s, "

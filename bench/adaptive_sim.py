@@ -44,7 +44,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.adaptive_concurrency import add_tree_option, source_trees, write_config
+from bench.adaptive_concurrency import add_tree_option, run_name, source_trees, split_tree, write_config
 from bench.spinner import busy_core
 from prompts.synthetic import write_synthetic_prompts
 from sglang_launch.simulator import SimConfig, SimulatorProcess
@@ -233,11 +233,11 @@ def main() -> None:
                 runs += 1
                 runs_dir = keep or tmp / "runs"
                 runs_dir.mkdir(parents=True, exist_ok=True)
-                law, _, tree = setting.partition(":")
+                law, tree = split_tree(setting)
                 outcome = one_run(
                     sim_cfg,
                     runs_dir,
-                    f"r{runs}-{setting.replace(':', '-')}",
+                    f"r{runs}-{run_name(setting)}",
                     law,
                     prompts,
                     args,

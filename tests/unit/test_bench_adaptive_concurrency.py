@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+
+import pytest
 
 from bench.adaptive_concurrency import (
     StepCounters,
     first_cohort,
     rate_between,
+    run_name,
+    setting_parts,
     share_within,
+    source_trees,
+    split_tree,
     step_counters,
     warm_window,
     write_config,
@@ -78,3 +85,20 @@ def test_a_share_counts_only_the_samples_inside_the_window() -> None:
 def test_the_first_cohort_is_the_largest_fixed_setting() -> None:
     assert first_cohort(["64", "128@10", "adaptive", "adaptive:before"]) == 128
     assert first_cohort(["adaptive", "adaptive:before"]) == 64
+
+
+def test_a_setting_is_read_alike_by_every_bench() -> None:
+    assert split_tree("adaptive:before") == ("adaptive", "before")
+    assert split_tree("150") == ("150", "")
+    assert setting_parts("32@10:before") == ("32", "10", "before")
+    assert setting_parts("adaptive") == ("adaptive", "", "")
+    assert run_name("32@10") == "32at10"
+    assert run_name("adaptive:before") == "adaptive-before"
+
+
+def test_every_setting_from_another_tree_needs_its_tree(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    trees = source_trees(parser, [f"before={tmp_path}"], ["64", "adaptive", "adaptive:before"])
+    assert trees == {"before": tmp_path.resolve()}
+    with pytest.raises(SystemExit):
+        source_trees(parser, [], ["adaptive:after"])
