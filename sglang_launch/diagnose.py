@@ -162,18 +162,21 @@ def diagnose(
     mem_fraction: float | None = None,
     last_minutes: float | None = None,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    serving: tuple[frozenset[int] | None, str] | None = None,
 ) -> Diagnosis:
     """Say what bounds the server whose log is ``log``, with evidence and advice.
 
     Only the server's GPUs in ``gpus`` are judged: ``gpu_ids`` (nvidia-smi's numbers) when given,
-    else the ones its ``server_args`` place it on, else all (and the evidence says which).
+    else those the server computes on where it still serves here (``serving``: the answer of
+    ``port_gpus.logged_server_gpus``, None where not looked for), else the ones its ``server_args``
+    place it on, else all (and the evidence says which).
     ``concurrency`` is how many requests the client kept in flight (the log cannot know it);
     ``bytes_per_token``/``mem_fraction`` override what the log says; ``last_minutes`` judges only
     the end of a long log (a two-day run goes through phases; the recent one is what to fix).
     """
     if last_minutes is not None:
         log = recent(log, last_minutes)
-    gpus, judged = server_gpus(log, gpus, gpu_ids)
+    gpus, judged = server_gpus(log, gpus, gpu_ids, serving)
     memory = memory_context(log, gpus, bytes_per_token=bytes_per_token, mem_fraction=mem_fraction)
     findings = assess_gpus(gpus, server_expected=True, thresholds=thresholds) if gpus else ()
     gpu_lines = _gpu_evidence(gpus, findings, judged)
@@ -201,7 +204,10 @@ def diagnose(
 
 
 def server_gpus(
-    log: ServerLog, gpus: GpuSnapshot | None, given: Sequence[int] | None = None
+    log: ServerLog,
+    gpus: GpuSnapshot | None,
+    given: Sequence[int] | None = None,
+    serving: tuple[frozenset[int] | None, str] | None = None,
 ) -> tuple[GpuSnapshot | None, str]:
     """``gpus`` cut to the server's own GPUs, and the evidence line saying which and how they are known.
 
@@ -214,24 +220,31 @@ def server_gpus(
     can run it out of memory. So the log's placement is taken only where the server was placed by
     SGLang's own flags (``--base-gpu-id``, ``--gpu-id-step``); else every GPU is judged (the lowest
     free memory: advice that fits them all) and the evidence says how to judge only its own.
+    Before the log: where the server still serves on this machine, the GPUs its processes compute
+    on (``serving``, found by its port: exact in any ``CUDA_VISIBLE_DEVICES``); where they could not
+    be found so, the evidence says why.
     """
     if gpus is None:
         return None, ""
     placed = log.args.gpu_ids()
+    found, how = serving if serving is not None else (None, "")
+    not_here = f"; not found by its port: {how}" if serving is not None and found is None else ""
     if given is not None:
         ids, why = tuple(given), "given with --gpus"
+    elif found is not None:
+        ids, why = tuple(sorted(found)), f"the server's: {how}, on this machine"
     elif placed is not None and (log.args.base_gpu_id or (log.args.gpu_id_step or 1) > 1):
         ids, why = placed, f"the server's: {log.args.placement()} in its server_args"
     elif placed is not None and len(placed) < len(gpus.gpus):
         return gpus, (
             f"GPUs judged: all {len(gpus.gpus)} (the server's server_args place it on its GPUs "
             f"{gpu_list(placed)}, counted in a CUDA_VISIBLE_DEVICES the log does not show: pass --gpus "
-            "with nvidia-smi's numbers of its GPUs to judge only those)"
+            f"with nvidia-smi's numbers of its GPUs to judge only those{not_here})"
         )
     else:
         return gpus, (
             f"GPUs judged: all {len(gpus.gpus)} (the log does not say which the server uses: "
-            "pass --gpus to judge only its own)"
+            f"pass --gpus to judge only its own{not_here})"
         )
     mine = gpus.only(ids)
     if not mine.gpus:

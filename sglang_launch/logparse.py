@@ -132,6 +132,10 @@ class ServerArgs:
     enable_dp_attention: bool | None = None
     base_gpu_id: int | None = None
     gpu_id_step: int | None = None
+    port: int | None = None
+    model_path: str | None = None
+    """With ``port``: which server on this machine wrote the log, if it still serves
+    (``port_gpus.logged_server_gpus``)."""
 
     def gpu_ids(self) -> tuple[int, ...] | None:
         """The CUDA device ids the server's ranks ran on, as SGLang places them, or None when the
@@ -491,6 +495,8 @@ _ARG_TYPES: dict[str, type] = {
     "enable_dp_attention": bool,
     "base_gpu_id": int,
     "gpu_id_step": int,
+    "port": int,
+    "model_path": str,
 }
 
 

@@ -1,4 +1,4 @@
-"""Linux's ``/proc``: what a process's ``stat`` line says, for one process or every one.
+"""Linux's ``/proc``: what a process's ``stat`` line and command line say, for one process or every one.
 
 Read in one place for the launcher (a server's process group, a killed run's server told apart from
 a reused pid) and the OOM guard (a server's process tree). The name in ``stat`` sits in parentheses
@@ -43,3 +43,12 @@ def processes(proc_root: Path = PROC) -> Iterator[tuple[int, ProcStat]]:
         stat = proc_stat(int(proc.name), proc_root)
         if stat is not None:
             yield int(proc.name), stat
+
+
+def command_line(pid: int, proc_root: Path = PROC) -> list[str]:
+    """The arguments the process ``pid`` was started with (empty when it is gone or hidden)."""
+    try:
+        raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]

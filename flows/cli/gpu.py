@@ -27,6 +27,7 @@ from sglang_launch.gpu_csv import parse_gpu_csv
 from sglang_launch.judgement import EXIT_NO_INPUT, Thresholds
 from sglang_launch.logparse import parse_log
 from sglang_launch.memory_math import GIB, ServerMemory, frac, gib, kv_bytes_per_token, server_memory
+from sglang_launch.port_gpus import logged_server_gpus
 from sglang_launch.preflight import PreflightReport
 from sglang_launch.preflight import preflight as preflight_gpus
 from sglang_launch.probe import auth_headers
@@ -158,8 +159,9 @@ def diagnose(
         str | None,
         typer.Option(
             "--gpus",
-            help="The server's GPU indices as nvidia-smi numbers them, e.g. 4,5,6,7 (default: where its "
-            "server_args in the log place it; all GPUs if the log does not say).",
+            help="The server's GPU indices as nvidia-smi numbers them, e.g. 4,5,6,7 (default: those of "
+            "its processes if it still serves on this machine, else where its server_args in the log "
+            "place it; all GPUs if neither says).",
         ),
     ] = None,
     bytes_per_token: BytesPerToken = None,
@@ -172,8 +174,9 @@ def diagnose(
     """Say what bounds an SGLang server (KV, retractions, prefill, the client...) and what to change.
 
     The GPU numbers come from --gpu-csv, else live NVML when this machine has a driver; only the
-    server's GPUs are judged (--gpus, else its server_args in the log). Exit code 0:
-    healthy; 1: a bottleneck or a failure found; 2: unreadable input.
+    server's GPUs are judged (--gpus, else those of its processes if it still serves on this machine,
+    else its server_args in the log). Exit code 0: healthy; 1: a bottleneck or a failure found; 2:
+    unreadable input.
     """
     try:
         text = log.read_text(errors="replace")
@@ -183,10 +186,18 @@ def diagnose(
         snapshot: GpuSnapshot | None = _snapshot(gpu_csv, json_out)
     except GpuUnavailableError:
         snapshot = None  # a log alone still says what bounds the server
+    log_read = parse_log(text)
+    # live NVML (no CSV from elsewhere) and no --gpus: the log's server, if it serves here, by its port
+    serving = (
+        logged_server_gpus(log_read.args, snapshot)
+        if snapshot is not None and not gpu_csv and not gpus
+        else None
+    )
     result = diagnose_log(
-        parse_log(text),
+        log_read,
         snapshot,
         gpu_ids=_gpu_list(gpus) if gpus else None,
+        serving=serving,
         concurrency=concurrency,
         bytes_per_token=_bytes_per_token(bytes_per_token, model_config, tp, kv_cache_dtype),
         mem_fraction=mem_fraction,

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from flows.say import SAY
 from sglang_launch.gpu import GpuUnavailableError, read_gpus, read_memory, read_uuids
 from sglang_launch.placement import Placement
+from sglang_launch.port_gpus import gpus_of
 from sglang_launch.port_owner import serving_processes
 from sglang_launch.probe import endpoint_http
 from sglang_launch.procfs import PROC
@@ -137,16 +138,7 @@ def server_gpus(port: int, proc_root: Path = PROC) -> tuple[frozenset[int] | Non
     pids = serving_processes(port, proc_root)
     if not pids:
         return None, f"no process seen listening on port {port} (another user's, or another container's)"
-    snapshot = read_gpus(proc_root)
-    if not snapshot.has_process_info:
-        return None, "NVML does not list every GPU's processes (vGPU or MIG)"
-    gpus = frozenset(gpu.index for gpu in snapshot.gpus if any(p.pid in pids for p in gpu.processes))
-    if not gpus:
-        return None, (
-            f"NVML lists none of the {len(pids)} processes under the listener on port {port} on a GPU "
-            "(in a container, its PID namespace hides them)"
-        )
-    return gpus, f"those of the processes under the listener on port {port}"
+    return gpus_of(pids, port, read_gpus(proc_root))
 
 
 class VramReader:

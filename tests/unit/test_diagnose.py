@@ -557,6 +557,50 @@ def test_a_log_that_does_not_say_which_gpus_judges_them_all_and_says_so() -> Non
     )
 
 
+def test_the_gpus_a_server_still_serving_here_computes_on_are_judged_before_its_logs_placement() -> None:
+    """tp 4 under CUDA_VISIBLE_DEVICES=4,5,6,7 logs GPUs 0-3; found by its port, its processes are on
+    4-7 (1 GiB free), not on 0-3 (another server's, 10 GiB free)."""
+    log = synthetic([(50, 100, 0.95)] * 5).replace("'tp_size': 1", "'tp_size': 4")
+    how = "those of the processes under the listener on port 30000"
+    result = run(log, _node(10, 10, 10, 10, 1, 1, 1, 1), serving=(frozenset({4, 5, 6, 7}), how))
+    assert result.memory.free_bytes == 1 * GIB
+    assert f"GPUs judged: 4,5,6,7 (the server's: {how}, on this machine)" in result.evidence
+
+
+def test_where_the_server_is_not_found_by_its_port_every_gpu_is_judged_and_the_evidence_says_why() -> None:
+    log = synthetic([(50, 100, 0.95)] * 5).replace("'tp_size': 1", "'tp_size': 4")
+    why = "no process seen serving port 30000 on this machine"
+    result = run(log, _node(10, 10, 10, 10, 1, 1, 1, 1), serving=(None, why))
+    assert result.memory.free_bytes == 1 * GIB
+    assert any(
+        line.endswith(f"to judge only those; not found by its port: {why})") for line in result.evidence
+    )
+
+
+def test_diagnose_command_looks_for_the_logs_server_only_in_live_nvml_without_gpus_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    looked: list[int | None] = []
+
+    def logged_server_gpus(args: object, snapshot: GpuSnapshot) -> tuple[frozenset[int], str]:
+        looked.append(getattr(args, "port", None))
+        return frozenset({4, 5}), "those of the processes under the listener on port 30000"
+
+    monkeypatch.setattr(cli, "read_gpus", lambda: seeds_gpus())
+    monkeypatch.setattr(cli, "logged_server_gpus", logged_server_gpus)
+    log = str(LOGS / "seeds_kv_bound_tp8.log")
+    found = json.loads(runner.invoke(cli.app, ["diagnose", log, "--json"]).output)["evidence"]
+    assert any(line.startswith("GPUs judged: 4,5 (the server's: those of the processes") for line in found)
+    assert len(looked) == 1
+    given = json.loads(runner.invoke(cli.app, ["diagnose", log, "--gpus", "6,7", "--json"]).output)[
+        "evidence"
+    ]
+    assert "GPUs judged: 6,7 (given with --gpus)" in given
+    csv = ["--gpu-csv", str(LOGS / "seeds_nvidia_smi.csv")]
+    runner.invoke(cli.app, ["diagnose", log, *csv, "--json"])  # a CSV may come from another machine
+    assert len(looked) == 1
+
+
 def test_diagnose_command_judges_the_gpus_given(no_nvml: None) -> None:
     args = ["diagnose", str(LOGS / "seeds_kv_bound_tp8.log"), "--gpu-csv", str(LOGS / "seeds_nvidia_smi.csv")]
     result = runner.invoke(cli.app, [*args, "--gpus", "4,5", "--json"])
